@@ -1,0 +1,145 @@
+"""``SpecExtProposer``: the one vLLM drafter class that runs every vllm_specext method.
+
+vLLM instantiates it through ``method="custom_class"`` (see
+:mod:`vllm_specext.integration.engine_config`) in each worker of the last pipeline
+stage. :mod:`vllm_specext.integration.runner` binds it to its model runner so that it
+sees request ids, prompt lengths and finished requests, which the bare
+``custom_class`` call does not pass.
+
+Each step vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)``
+after bookkeeping: row ``i`` of the persistent batch holds request
+``input_batch.req_ids[i]`` whose committed tokens are
+``token_ids_cpu[i, :num_tokens_no_spec[i]]`` and which just committed
+``sampled_token_ids[i]``. The adapter keeps the core proposer in sync (start on first
+sight, ``update`` with the committed tokens, a full resync whenever the lengths
+disagree, e.g. after preemption) and returns one draft list (0..k tokens) per row.
+
+Only the tensor-parallel rank whose output vLLM reads drafts; the others return empty
+drafts without touching proposer state. A proposer exception never reaches the engine:
+the step gets no drafts, the error is logged once, and the affected request is resynced.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from vllm_specext.integration.engine_config import ADDITIONAL_CONFIG_KEY
+from vllm_specext.proposers import build_proposer
+
+logger = logging.getLogger(__name__)
+
+
+def _is_drafting_rank() -> bool:
+    """True on the tensor-parallel rank whose drafts vLLM uses (TP rank 0)."""
+    try:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return get_tp_group().rank_in_group == 0
+    except (ImportError, AssertionError, AttributeError):  # not initialised: single process
+        return True
+
+
+class SpecExtProposer:
+    """vLLM ``custom_class`` drafter wrapping a :class:`~vllm_specext.proposers.Proposer`.
+
+    Args:
+        vllm_config: vLLM's ``VllmConfig``; ``additional_config["vllm_specext"]`` holds the
+            validated method config written by the config front door.
+
+    Raises:
+        RuntimeError: the config did not come through the vllm_specext front door.
+    """
+
+    def __init__(self, vllm_config: Any, runner: Any = None):
+        specext = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+        if not specext:
+            raise RuntimeError(
+                "SpecExtProposer needs additional_config['vllm_specext']; pass "
+                "speculative_config={'method': <vllm_specext method>, ...} with the "
+                "vllm_specext plugin installed")
+        self.config = dict(specext)
+        self.method = self.config["method"]
+        self.proposer = build_proposer(**self.config)
+        self.k = self.proposer.num_speculative_tokens
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.runner = runner
+        self.is_drafting_rank = _is_drafting_rank()
+        self._error_logged = False
+
+    # ------------------------------------------------------------- runner hooks
+    def bind_runner(self, runner: Any) -> None:
+        """Give the drafter access to the model runner (request ids, prompt lengths)."""
+        self.runner = runner
+
+    def on_requests_finished(self, req_ids: Iterable[str]) -> None:
+        """Requests that finished or were aborted: release their state."""
+        for rid in req_ids:
+            self.proposer.stop_request(rid, finished=True)
+
+    # vLLM calls these on drafters; a model-free drafter has nothing to load or warm up.
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No weights to load (called unconditionally by the CPU runner)."""
+
+    def dummy_run(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to warm up."""
+
+    # ------------------------------------------------------------- drafting
+    def propose(self, *args: Any, **kwargs: Any) -> list[list[int]]:
+        """Draft tokens for every row of the persistent batch.
+
+        Accepts vLLM's ``custom_class`` call ``(sampled_token_ids, num_tokens_no_spec,
+        token_ids_cpu, slot_mappings=None)`` and the ngram-style call with a leading
+        ``num_spec_tokens_to_schedule`` int.
+
+        Args:
+            sampled_token_ids: ``list[list[int]]``, tokens committed this step per row
+                (``[]`` for rows that did not decode, e.g. partial prefill).
+            num_tokens_no_spec: int32 ``(max_num_reqs,)`` committed length per row.
+            token_ids_cpu: int32 ``(max_num_reqs, max_model_len)`` token history per row.
+
+        Returns:
+            ``list[list[int]]`` with one list per row, each 0..k tokens.
+        """
+        kwargs.pop("slot_mappings", None)
+        if args and isinstance(args[0], (int, np.integer)):
+            args = args[1:]
+        sampled, num_tokens, token_ids = args[:3]
+        num_rows = len(sampled)
+        if not self.is_drafting_rank or self.runner is None:
+            return [[] for _ in range(num_rows)]
+        req_ids = self.runner.input_batch.req_ids[:num_rows]
+        try:
+            caps = self._sync(req_ids, sampled, num_tokens, token_ids)
+            return self.proposer.propose(req_ids, caps)
+        except Exception:  # never take the engine down: no drafts this step
+            if not self._error_logged:
+                logger.exception("vllm_specext %s proposer failed; drafting disabled for "
+                                 "this step and affected requests resynced", self.method)
+                self._error_logged = True
+            for rid in req_ids:
+                self.proposer.stop_request(rid, finished=False)
+            return [[] for _ in range(num_rows)]
+
+    def _sync(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]],
+              num_tokens: np.ndarray, token_ids: np.ndarray) -> list[int]:
+        """Bring the core proposer in line with the batch; returns per-row draft caps."""
+        prompt_lens = self.runner.input_batch.num_prompt_tokens
+        p = self.proposer
+        caps = []
+        for i, rid in enumerate(req_ids):
+            n = int(num_tokens[i])
+            new = sampled[i]
+            buf = p.tokens.get(rid)
+            if buf is not None and len(buf) + len(new) == n:
+                p.update(rid, new)
+            elif buf is None or len(buf) != n:
+                # first sight, or lengths disagree (preempted/resumed, id reuse): resync
+                n_prompt = min(int(prompt_lens[i]), n)
+                p.start_request(rid, token_ids[i, :n_prompt])
+                p.update(rid, token_ids[i, n_prompt:n])
+            # a row that did not decode (partial prefill) gets no draft
+            caps.append(min(self.k, self.max_model_len - n - 1) if new else 0)
+        return caps

@@ -1,0 +1,71 @@
+"""The config front door (process 0): turn our methods into vLLM's ``custom_class``.
+
+``EngineArgs.create_speculative_config`` is the single place where both
+``vllm serve --speculative-config`` and ``LLM(speculative_config=...)`` become a
+``SpeculativeConfig``. We wrap it: a dict whose ``method`` is one of ours is validated
+with :func:`vllm_specext.config.validate_config` (clear errors at start-up), stored in
+``additional_config["vllm_specext"]`` (which travels to every engine and worker
+process), and rewritten to vLLM's built-in ``custom_class`` method pointing at
+:class:`vllm_specext.integration.adapter.SpecExtProposer`. That gives the V1 runner
+(the CPU runner, and the V2->V1 fallback on GPU), no draft KV cache and synchronous
+scheduling, with no change to vLLM's pydantic schema.
+
+``{"method": "ngram", "use_builtin": true, ...}`` (or ``"suffix"``) passes the dict to
+vLLM's own implementation unchanged (minus ``use_builtin``), for A/B comparisons.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from vllm_specext.config import METHODS, validate_config
+
+ADAPTER_CLASS = "vllm_specext.integration.adapter.SpecExtProposer"
+ADDITIONAL_CONFIG_KEY = "vllm_specext"
+
+
+def normalise(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Rewrite a user speculative-config dict for vLLM.
+
+    Args:
+        spec: the user's dict (keys with ``-`` or ``_``).
+
+    Returns:
+        ``(vllm_dict, specext_config)``: the dict vLLM's ``SpeculativeConfig`` gets and,
+        for our methods, the validated config to put in ``additional_config``
+        (``None`` when the dict is not ours).
+
+    Raises:
+        vllm_specext.config.SpecExtConfigError: our method with invalid keys/values.
+    """
+    spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
+    if spec.pop("use_builtin", False):
+        return spec, None
+    if spec.get("method") not in METHODS:
+        return spec, None
+    cfg = validate_config(spec)
+    vllm_spec = {"method": "custom_class", "model": ADAPTER_CLASS,
+                 "num_speculative_tokens": cfg.num_speculative_tokens}
+    return vllm_spec, cfg.model_dump()
+
+
+def patch_engine_args() -> None:
+    """Wrap ``EngineArgs.create_speculative_config`` once (idempotent)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_speculative_config
+    if getattr(original, "_specext_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def create_speculative_config(self, *args, **kwargs):
+        if isinstance(self.speculative_config, dict):
+            vllm_spec, specext = normalise(self.speculative_config)
+            self.speculative_config = vllm_spec
+            if specext is not None:
+                self.additional_config = dict(self.additional_config or {})
+                self.additional_config[ADDITIONAL_CONFIG_KEY] = specext
+        return original(self, *args, **kwargs)
+
+    create_speculative_config._specext_wrapped = True
+    EngineArgs.create_speculative_config = create_speculative_config

@@ -1,0 +1,31 @@
+"""vLLM plugin entry point (group ``vllm.general_plugins``).
+
+vLLM calls :func:`register` in every process it starts (API server, engine core,
+workers). It is idempotent and cheap: it wraps the config front door
+(:mod:`vllm_specext.integration.engine_config`) and defers the model-runner patches
+(:mod:`vllm_specext.integration.runner`) to worker construction.
+"""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+_registered = False
+
+
+def register() -> None:
+    """Install vllm_specext's hooks into vLLM (safe to call any number of times).
+
+    Raises:
+        ImportError: vLLM is not installed.
+    """
+    global _registered
+    if _registered:
+        return
+    from vllm_specext.integration.engine_config import patch_engine_args
+    from vllm_specext.integration.runner import patch_worker_base
+
+    patch_engine_args()
+    patch_worker_base()
+    _registered = True
+    logger.debug("vllm_specext registered")

@@ -1,0 +1,172 @@
+"""The core proposer API shared by the vLLM adapter and the offline replay.
+
+A proposer (drafter) guesses the next tokens of each active request from token ids
+alone. It never imports vLLM: the same object runs inside the engine (through
+:mod:`vllm_specext.integration.adapter`) and in offline trace replay.
+
+Life cycle of one request, as the engine drives it::
+
+    p.start_request(req_id, prompt_token_ids)      # once, when the request is scheduled
+    loop:
+        drafts = p.propose([req_id, ...])          # <= k draft tokens per request
+        p.update(req_id, accepted + [bonus])       # tokens committed after verification
+    p.stop_request(req_id, finished=True)          # finished; False = aborted/preempted
+
+State is incremental: ``update`` costs O(len(new_token_ids)) and ``propose`` does not
+rescan the context.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+
+class TokenBuffer:
+    """Append-only int32 token history with amortised O(1) appends.
+
+    ``view()`` returns an int32 array of shape ``(len,)`` that aliases the buffer
+    (valid until the next append).
+    """
+
+    __slots__ = ("_data", "_len")
+
+    def __init__(self, tokens: Iterable[int] = (), capacity: int = 256):
+        arr = np.asarray(list(tokens) if not isinstance(tokens, np.ndarray) else tokens,
+                         dtype=np.int32)
+        self._data = np.empty(max(capacity, 2 * len(arr), 16), dtype=np.int32)
+        self._data[: len(arr)] = arr
+        self._len = len(arr)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` (any int sequence); grows the storage geometrically."""
+        n = len(tokens)
+        if self._len + n > len(self._data):
+            grown = np.empty(max(2 * len(self._data), self._len + n), dtype=np.int32)
+            grown[: self._len] = self._data[: self._len]
+            self._data = grown
+        self._data[self._len: self._len + n] = tokens
+        self._len += n
+
+    def view(self) -> np.ndarray:
+        """The committed tokens, int32 ``(len,)``, aliasing the storage."""
+        return self._data[: self._len]
+
+    @property
+    def storage(self) -> np.ndarray:
+        """The whole backing array (capacity >= len); only ``[:len]`` is valid."""
+        return self._data
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def nbytes(self) -> int:
+        return self._data.nbytes
+
+
+class Proposer(ABC):
+    """Base class of every vllm_specext proposer.
+
+    Subclasses implement ``_propose_one`` (or override ``propose`` for a batched
+    kernel) and may hook ``_on_start``/``_on_update``/``_on_stop``. The base class
+    keeps each request's token history in a :class:`TokenBuffer` (prompt followed by
+    committed output) and the prompt length.
+
+    Args:
+        num_speculative_tokens: k, the most draft tokens per request per step (>= 1).
+    """
+
+    #: the method name used in ``speculative_config``
+    method: str = ""
+
+    def __init__(self, num_speculative_tokens: int):
+        if num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1")
+        self.num_speculative_tokens = int(num_speculative_tokens)
+        self.tokens: dict[str, TokenBuffer] = {}
+        self.prompt_len: dict[str, int] = {}
+
+    # ----------------------------------------------------------------- life cycle
+    def start_request(self, req_id: str, prompt_token_ids: Sequence[int]) -> None:
+        """Begin tracking ``req_id`` with its prompt (int token ids, any length >= 0).
+
+        A request id that is still active is reset first (request-id reuse).
+        """
+        if req_id in self.tokens:
+            self.stop_request(req_id, finished=False)
+        self.tokens[req_id] = TokenBuffer(prompt_token_ids)
+        self.prompt_len[req_id] = len(prompt_token_ids)
+        self._on_start(req_id)
+
+    def update(self, req_id: str, new_token_ids: Sequence[int]) -> None:
+        """Append tokens committed after verification (accepted drafts + bonus).
+
+        Raises:
+            KeyError: ``req_id`` was never started (or already stopped).
+        """
+        if len(new_token_ids) == 0:
+            return
+        buf = self.tokens[req_id]
+        old_len = len(buf)
+        buf.extend(new_token_ids)
+        self._on_update(req_id, old_len)
+
+    def stop_request(self, req_id: str, finished: bool = True) -> None:
+        """Forget ``req_id``. ``finished=True``: it completed normally and its output
+        may feed cross-request caches; ``False``: aborted or preempted. Unknown ids
+        are ignored."""
+        if req_id not in self.tokens:
+            return
+        self._on_stop(req_id, finished)
+        del self.tokens[req_id]
+        del self.prompt_len[req_id]
+
+    @property
+    def active_requests(self) -> set[str]:
+        return set(self.tokens)
+
+    # ----------------------------------------------------------------- drafting
+    def propose(self, req_ids: Sequence[str],
+                max_tokens: Sequence[int] | None = None) -> list[list[int]]:
+        """Draft tokens for a batch.
+
+        Args:
+            req_ids: active request ids (unknown ids get ``[]``).
+            max_tokens: optional per-request cap on the draft length (e.g. the
+                tokens left before ``max_model_len`` or the adaptive length); the
+                effective cap is ``min(k, max_tokens[i])``.
+
+        Returns:
+            One list of int token ids per request, each of length 0..k;
+            ``[]`` means no speculation for that request this step.
+        """
+        k = self.num_speculative_tokens
+        out: list[list[int]] = []
+        for i, rid in enumerate(req_ids):
+            cap = k if max_tokens is None else min(k, int(max_tokens[i]))
+            if cap <= 0 or rid not in self.tokens:
+                out.append([])
+                continue
+            out.append(self._propose_one(rid, cap))
+        return out
+
+    @abstractmethod
+    def _propose_one(self, req_id: str, max_tokens: int) -> list[int]:
+        """Draft at most ``max_tokens`` (>= 1) tokens for one active request."""
+
+    # ----------------------------------------------------------------- hooks
+    def _on_start(self, req_id: str) -> None:
+        """Called after the prompt is stored."""
+
+    def _on_update(self, req_id: str, old_len: int) -> None:
+        """Called after tokens ``[old_len:]`` were appended to ``self.tokens[req_id]``."""
+
+    def _on_stop(self, req_id: str, finished: bool) -> None:
+        """Called before the request's state is dropped."""
+
+    # ----------------------------------------------------------------- accounting
+    def state_nbytes(self) -> int:
+        """Bytes held by this proposer's state (token buffers plus subclass state)."""
+        return sum(b.nbytes for b in self.tokens.values())
