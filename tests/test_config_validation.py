@@ -1,0 +1,75 @@
+"""Bad speculative configs fail at config time with a message naming the key."""
+from __future__ import annotations
+
+import pytest
+
+from vllm_specext.config import SpecExtConfigError, validate_config
+from vllm_specext.integration.engine_config import ADAPTER_CLASS, normalise
+
+BAD = [
+    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 129}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": "eight"}, "num_speculative_tokens"),
+    ({"method": "ngram", "prompt_lookup_min": 0}, "prompt_lookup_min"),
+    ({"method": "ngram", "prompt_lookup_max": 65}, "prompt_lookup_max"),
+    ({"method": "ngram", "prompt_lookup_min": 6, "prompt_lookup_max": 3}, "prompt_lookup_min"),
+    ({"method": "ngram", "prompt_lookup_mn": 2}, "prompt_lookup_mn"),
+    ({"method": "naive", "prompt_lookup_min": 2}, "prompt_lookup_min"),
+    ({"method": "ngram", "verify_strategy": "sometimes"}, "verify_strategy"),
+    ({"method": "ngram", "accept_policy": "maybe"}, "accept_policy"),
+    ({"method": "nrgam"}, "nrgam"),
+    ({"method": "ngram", "num_speculative_tokens": 4.5}, "num_speculative_tokens"),
+]
+
+
+@pytest.mark.parametrize("spec,key", BAD)
+def test_bad_config_names_key(spec, key):
+    with pytest.raises(SpecExtConfigError) as err:
+        validate_config(spec)
+    assert key in str(err.value)
+
+
+def test_range_is_stated():
+    with pytest.raises(SpecExtConfigError, match=r"\[1, 128\]"):
+        validate_config({"method": "ngram", "num_speculative_tokens": 0})
+
+
+def test_not_a_dict():
+    with pytest.raises(SpecExtConfigError, match="dict"):
+        validate_config(["ngram"])  # type: ignore[arg-type]
+
+
+def test_defaults_and_dash_keys():
+    cfg = validate_config({"method": "ngram", "prompt-lookup-max": 7})
+    assert cfg.prompt_lookup_max == 7 and cfg.num_speculative_tokens == 8
+
+
+def test_normalise_rewrites_our_methods():
+    vllm_spec, ours = normalise({"method": "ngram", "num_speculative_tokens": 4})
+    assert vllm_spec == {"method": "custom_class", "model": ADAPTER_CLASS,
+                         "num_speculative_tokens": 4}
+    assert ours["method"] == "ngram" and ours["num_speculative_tokens"] == 4
+
+
+def test_normalise_leaves_builtin_and_foreign_methods():
+    assert normalise({"method": "ngram", "use_builtin": True, "num_speculative_tokens": 3}) == (
+        {"method": "ngram", "num_speculative_tokens": 3}, None)
+    assert normalise({"method": "eagle", "model": "x"}) == ({"method": "eagle", "model": "x"}, None)
+
+
+def test_normalise_rejects_bad_input():
+    with pytest.raises(SpecExtConfigError, match="prompt_lookup_min"):
+        normalise({"method": "ngram", "prompt_lookup_min": -1})
+
+
+@pytest.mark.engine
+def test_engine_rejects_bad_config_at_start():
+    """LLM() fails before any engine process starts, naming the key."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_specext.model import default_model_path
+
+    args = EngineArgs(model=str(default_model_path()), dtype="float32",
+                      speculative_config={"method": "ngram", "prompt_lookup_max": 100})
+    with pytest.raises(SpecExtConfigError, match="prompt_lookup_max"):
+        args.create_engine_config()
