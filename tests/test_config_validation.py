@@ -73,3 +73,14 @@ def test_engine_rejects_bad_config_at_start():
                       speculative_config={"method": "ngram", "prompt_lookup_max": 100})
     with pytest.raises(SpecExtConfigError, match="prompt_lookup_max"):
         args.create_engine_config()
+
+
+def test_example_configs_are_valid():
+    from pathlib import Path
+
+    import json
+
+    paths = sorted((Path(__file__).parents[1] / "examples" / "configs").glob("*.json"))
+    assert paths
+    for path in paths:
+        normalise(json.loads(path.read_text()))  # raises on an invalid example

@@ -1,0 +1,99 @@
+"""Unit tests of the vLLM adapter with a stand-in runner (no engine)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from vllm_specext.integration.adapter import SpecExtProposer
+
+MAX_LEN = 64
+
+
+def make(method="ngram", k=4, **extra):
+    cfg = SimpleNamespace(
+        additional_config={"vllm_specext": {"method": method, "num_speculative_tokens": k,
+                                            **extra}},
+        model_config=SimpleNamespace(max_model_len=MAX_LEN))
+    drafter = SpecExtProposer(cfg)
+    batch = SimpleNamespace(req_ids=[], num_prompt_tokens=np.zeros(8, np.int32))
+    drafter.bind_runner(SimpleNamespace(input_batch=batch))
+    token_ids = np.zeros((8, MAX_LEN), np.int32)
+    num_tokens = np.zeros(8, np.int32)
+    return drafter, batch, token_ids, num_tokens
+
+
+def commit(batch, token_ids, num_tokens, row, rid, tokens, prompt_len=None):
+    """Mimic vLLM's bookkeeping: write tokens to the row, return what was sampled."""
+    if rid not in batch.req_ids:
+        batch.req_ids.insert(row, rid)
+        batch.num_prompt_tokens[row] = prompt_len
+    n = num_tokens[row]
+    token_ids[row, n:n + len(tokens)] = tokens
+    num_tokens[row] = n + len(tokens)
+    return list(tokens)
+
+
+def test_prefill_then_decode_drafts_from_context():
+    d, batch, ids, n = make()
+    prompt = [5, 6, 7, 8, 5, 6, 7]
+    commit(batch, ids, n, 0, "a", prompt, prompt_len=len(prompt))
+    assert d.propose([[]], n, ids) == [[]]           # partial prefill: no draft
+    s = commit(batch, ids, n, 0, "a", [8])
+    assert d.propose([s], n, ids) == [[5, 6, 7, 8]]  # "5 6 7 8" seen before
+    assert len(d.proposer.tokens["a"]) == 8
+
+
+def test_ngram_call_shape_and_cap_at_max_model_len():
+    d, batch, ids, n = make(k=8)
+    prompt = [1, 2, 3] * 20
+    commit(batch, ids, n, 0, "a", prompt, prompt_len=len(prompt))
+    s = commit(batch, ids, n, 0, "a", [1])
+    out = d.propose(8, [s], n, ids, slot_mappings=None)  # leading int: ngram-style call
+    assert len(out[0]) == MAX_LEN - 61 - 1 == 2
+
+
+def test_resync_when_lengths_disagree():
+    d, batch, ids, n = make()
+    commit(batch, ids, n, 0, "a", [1, 2, 3, 1, 2], prompt_len=5)
+    d.propose([[]], n, ids)
+    # the runner committed tokens the proposer never saw (e.g. preempted, resumed)
+    commit(batch, ids, n, 0, "a", [3, 1])
+    s = commit(batch, ids, n, 0, "a", [2])
+    d.propose([s], n, ids)
+    assert d.proposer.tokens["a"].view().tolist() == ids[0, :n[0]].tolist()
+
+
+def test_finished_requests_are_released():
+    d, batch, ids, n = make()
+    commit(batch, ids, n, 0, "a", [1, 2, 3], prompt_len=3)
+    d.propose([[]], n, ids)
+    d.on_requests_finished({"a", "never-seen"})
+    assert d.proposer.active_requests == set()
+
+
+def test_proposer_failure_gives_no_drafts(monkeypatch):
+    d, batch, ids, n = make()
+    commit(batch, ids, n, 0, "a", [1, 2, 3], prompt_len=3)
+
+    def boom(*a, **k):
+        raise RuntimeError("proposer bug")
+
+    monkeypatch.setattr(d.proposer, "propose", boom)
+    assert d.propose([[]], n, ids) == [[]]
+    assert "a" not in d.proposer.active_requests  # resynced from scratch next step
+
+
+def test_non_drafting_rank_does_no_work():
+    d, batch, ids, n = make()
+    d.is_drafting_rank = False
+    commit(batch, ids, n, 0, "a", [1, 2, 1, 2], prompt_len=4)
+    assert d.propose([[2]], n, ids) == [[]]
+    assert d.proposer.active_requests == set()
+
+
+def test_requires_front_door_config():
+    cfg = SimpleNamespace(additional_config={}, model_config=SimpleNamespace(max_model_len=8))
+    with pytest.raises(RuntimeError, match="vllm_specext"):
+        SpecExtProposer(cfg)
