@@ -11,9 +11,10 @@ from vllm_specext.integration.adapter import SpecExtProposer
 MAX_LEN = 64
 
 
-def make(method="ngram", k=4, **extra):
+def make(method="ngram", k=4, adaptive=False, **extra):
     cfg = SimpleNamespace(
         additional_config={"vllm_specext": {"method": method, "num_speculative_tokens": k,
+                                            "adaptive": adaptive, "adaptive_decay": 0.8,
                                             **extra}},
         model_config=SimpleNamespace(max_model_len=MAX_LEN))
     drafter = SpecExtProposer(cfg)
@@ -69,7 +70,8 @@ def test_finished_requests_are_released():
     d, batch, ids, n = make()
     commit(batch, ids, n, 0, "a", [1, 2, 3], prompt_len=3)
     d.propose([[]], n, ids)
-    d.on_requests_finished({"a", "never-seen"})
+    d.on_step_start(SimpleNamespace(finished_req_ids={"a", "never-seen"},
+                                    total_num_scheduled_tokens=0))
     assert d.proposer.active_requests == set()
 
 

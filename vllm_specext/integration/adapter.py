@@ -21,11 +21,13 @@ the step gets no drafts, the error is logged once, and the affected request is r
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from vllm_specext.adaptive import DraftLengthController, StepCostModel
 from vllm_specext.integration.engine_config import ADDITIONAL_CONFIG_KEY
 from vllm_specext.proposers import build_proposer
 
@@ -68,16 +70,29 @@ class SpecExtProposer:
         self.runner = runner
         self.is_drafting_rank = _is_drafting_rank()
         self._error_logged = False
+        self.controller = (DraftLengthController(self.k, decay=self.config["adaptive_decay"])
+                           if self.config.get("adaptive", True) else None)
+        self.fixed_threshold = self.config.get("adaptive_threshold")
+        self.cost_model = StepCostModel()
+        self._step: tuple[float, int] | None = None  # (start time, scheduled tokens)
 
     # ------------------------------------------------------------- runner hooks
     def bind_runner(self, runner: Any) -> None:
         """Give the drafter access to the model runner (request ids, prompt lengths)."""
         self.runner = runner
 
-    def on_requests_finished(self, req_ids: Iterable[str]) -> None:
-        """Requests that finished or were aborted: release their state."""
-        for rid in req_ids:
-            self.proposer.stop_request(rid, finished=True)
+    def on_step_start(self, scheduler_output: Any) -> None:
+        """Called when the runner starts a step: release finished requests' state and
+        start timing the step for the cost model."""
+        for rid in scheduler_output.finished_req_ids:
+            self._stop(rid, finished=True)
+        tokens = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
+        self._step = (time.perf_counter(), tokens) if tokens else None
+
+    def _stop(self, req_id: str, finished: bool) -> None:
+        self.proposer.stop_request(req_id, finished=finished)
+        if self.controller is not None:
+            self.controller.forget(req_id)
 
     # vLLM calls these on drafters; a model-free drafter has nothing to load or warm up.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -111,16 +126,26 @@ class SpecExtProposer:
         if not self.is_drafting_rank or self.runner is None:
             return [[] for _ in range(num_rows)]
         req_ids = self.runner.input_batch.req_ids[:num_rows]
+        if self._step is not None:  # the step that just ran: model time vs tokens
+            start, tokens = self._step
+            self.cost_model.observe(tokens, time.perf_counter() - start)
+            self._step = None
         try:
             caps = self._sync(req_ids, sampled, num_tokens, token_ids)
-            return self.proposer.propose(req_ids, caps)
+            drafts = self.proposer.propose(req_ids, caps)
+            if self.controller is None:
+                return drafts
+            rows = sum(1 for c in caps if c > 0)
+            threshold = (self.fixed_threshold if self.fixed_threshold is not None
+                         else self.cost_model.threshold(rows))
+            return self.controller.trim(req_ids, drafts, threshold)
         except Exception:  # never take the engine down: no drafts this step
             if not self._error_logged:
                 logger.exception("vllm_specext %s proposer failed; drafting disabled for "
                                  "this step and affected requests resynced", self.method)
                 self._error_logged = True
             for rid in req_ids:
-                self.proposer.stop_request(rid, finished=False)
+                self._stop(rid, finished=False)
             return [[] for _ in range(num_rows)]
 
     def _sync(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]],
@@ -135,6 +160,8 @@ class SpecExtProposer:
             buf = p.tokens.get(rid)
             if buf is not None and len(buf) + len(new) == n:
                 p.update(rid, new)
+                if self.controller is not None:
+                    self.controller.observe(rid, new)
             elif buf is None or len(buf) != n:
                 # first sight, or lengths disagree (preempted/resumed, id reuse): resync
                 n_prompt = min(int(prompt_lens[i]), n)

@@ -3,7 +3,8 @@ Ascend runners subclass).
 
 * ``__init__``: bind our drafter to the runner (request ids, prompt lengths) and
   install the configured verify strategy.
-* ``_update_states``: tell the drafter which requests finished, before vLLM drops them.
+* ``_update_states``: tell the drafter which requests finished, before vLLM drops them,
+  and start timing the step (the adaptive cost model).
 
 Applied lazily from the worker (``WorkerBase.__init__``) so that no runner module, and
 so no device runtime, is imported in the API-server process.
@@ -49,7 +50,7 @@ def patch_model_runner() -> None:
     def _update_states(self, scheduler_output, *args, **kwargs):
         drafter = getattr(self, "drafter", None)
         if isinstance(drafter, SpecExtProposer):
-            drafter.on_requests_finished(scheduler_output.finished_req_ids)
+            drafter.on_step_start(scheduler_output)
         return update_states(self, scheduler_output, *args, **kwargs)
 
     __init__._specext_wrapped = True

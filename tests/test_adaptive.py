@@ -1,0 +1,77 @@
+"""Unit tests of adaptive speculation: acceptance history -> draft length; cost model."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm_specext.adaptive import DraftLengthController, StepCostModel
+
+
+def test_always_rejected_goes_to_zero_within_bounded_steps():
+    c = DraftLengthController(k=8)
+    threshold = 0.05
+    for step in range(20):
+        draft = c.trim(["r"], [[1] * 8], threshold)[0]
+        if not draft:
+            break
+        c.observe("r", [2])  # first draft token rejected, target emitted 2
+    assert draft == [] and step <= 10
+
+
+def test_recovers_when_shadow_drafts_start_matching():
+    c = DraftLengthController(k=8)
+    for _ in range(10):
+        c.trim(["r"], [[1] * 8], 0.05)
+        c.observe("r", [2])
+    assert c.length("r", 0.05) == 0
+    for step in range(30):  # no draft shown, but the unshown draft keeps being right
+        shown = c.trim(["r"], [[7, 7, 7, 7, 7, 7, 7, 7]], 0.05)[0]
+        if shown:
+            break
+        c.observe("r", [7])
+    assert shown and step < 15
+
+
+def test_always_accepted_drafts_full_k():
+    c = DraftLengthController(k=8)
+    for _ in range(10):
+        d = c.trim(["r"], [list(range(8))], 0.05)[0]
+        c.observe("r", d + [99])
+    assert c.length("r", 0.05) == 8
+
+
+def test_length_follows_geometric_rule():
+    c = DraftLengthController(k=16, prior_alpha=0.5)
+    assert c.length("new", 0.1) == 3           # 0.5**3 = .125 > .1 >= .5**4
+    assert c.length("new", 0.0) == 16
+    assert c.length("new", 0.6) == 0
+
+
+def test_forget_resets_to_prior():
+    c = DraftLengthController(k=8)
+    c.trim(["r"], [[1] * 8], 0.05)
+    c.observe("r", [2])
+    c.forget("r")
+    assert c.alpha("r") == pytest.approx(0.5)
+
+
+def test_cost_model_recovers_linear_step_time():
+    m = StepCostModel()
+    rng = random.Random(0)
+    for _ in range(400):
+        n = rng.randint(1, 80)
+        m.observe(n, 0.040 + 0.002 * n + rng.gauss(0, 0.001))
+    a, b = m.coefficients()
+    assert a == pytest.approx(0.040, rel=0.1) and b == pytest.approx(0.002, rel=0.1)
+    # 8 decoding rows: a draft token must be emitted with p > b*8/T(8)
+    assert m.threshold(8) == pytest.approx(0.002 * 8 / (0.040 + 0.016), rel=0.15)
+
+
+def test_cost_model_prior_before_variation():
+    m = StepCostModel(prior_slope_ratio=0.01)
+    assert m.threshold(4) == 0.0  # nothing measured: draft
+    for _ in range(50):
+        m.observe(1, 0.05)  # only batch-1 plain steps seen: slope from the prior
+    a, b = m.coefficients()
+    assert b == pytest.approx(0.0005, rel=0.05) and a > 0.04
