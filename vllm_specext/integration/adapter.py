@@ -70,6 +70,7 @@ class SpecExtProposer:
         self.runner = runner
         self.is_drafting_rank = _is_drafting_rank()
         self._error_logged = False
+        self.num_errors = 0  # proposer failures absorbed so far
         self.controller = (DraftLengthController(self.k, decay=self.config["adaptive_decay"])
                            if self.config.get("adaptive", True) else None)
         self.fixed_threshold = self.config.get("adaptive_threshold")
@@ -139,10 +140,13 @@ class SpecExtProposer:
             threshold = (self.fixed_threshold if self.fixed_threshold is not None
                          else self.cost_model.threshold(rows))
             return self.controller.trim(req_ids, drafts, threshold)
-        except Exception:  # never take the engine down: no drafts this step
+        except Exception as err:  # never take the engine down: no drafts this step
+            self.num_errors += 1
             if not self._error_logged:
-                logger.exception("vllm_specext %s proposer failed; drafting disabled for "
-                                 "this step and affected requests resynced", self.method)
+                logger.exception("vllm_specext %s proposer failed (requests %s): %s; this step "
+                                 "gets no drafts and the requests are resynced (logged once; "
+                                 "see SpecExtProposer.num_errors)", self.method,
+                                 list(req_ids), err)
                 self._error_logged = True
             for rid in req_ids:
                 self._stop(rid, finished=False)
