@@ -99,3 +99,13 @@ def test_requires_front_door_config():
     cfg = SimpleNamespace(additional_config={}, model_config=SimpleNamespace(max_model_len=8))
     with pytest.raises(RuntimeError, match="vllm_specext"):
         SpecExtProposer(cfg)
+
+
+def test_register_imports_no_numba():
+    """vLLM's worker-side kernel scan runs after register() and breaks on llvmlite."""
+    import subprocess
+    import sys
+
+    code = ("import sys, vllm_specext.plugin as p; p.register(); "
+            "assert not [m for m in sys.modules if m.startswith(('numba', 'llvmlite'))]")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

@@ -12,7 +12,8 @@ import logging
 import typing
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 logger = logging.getLogger(__name__)
 
@@ -24,17 +25,34 @@ class SpecExtConfigError(ValueError):
     """An invalid speculative config; the message names the offending key(s)."""
 
 
-class AdaptiveConfig(BaseModel):
-    """Per-request adaptive draft length (see README, "Adaptive speculation")."""
-
-    model_config = ConfigDict(extra="forbid")
-    enabled: bool = True
-
-
-class MethodConfig(BaseModel):
-    """Keys shared by every method."""
+class VerifyConfig(BaseModel):
+    """How drafts are verified (see :mod:`vllm_specext.verify`). These keys also work with
+    vLLM's own methods, e.g. ``{"method": "eagle", ..., "verify_strategy": "greedy"}``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    verify_strategy: Literal["standard", "greedy", "top_p", "target_match"] = Field(
+        "standard", description="standard (vLLM's rule, lossless), greedy, target_match "
+        "(lossless), top_p (lossy; FastDeploy spelling 'topp' accepted)")
+    accept_policy: Literal["normal", "accept_all", "reject_all"] = Field(
+        "normal", description="accept_all is lossy (an upper bound); reject_all emits one "
+        "token per step (an overhead baseline)")
+    verify_top_p: float = Field(0.9, gt=0.0, le=1.0,
+                                description="nucleus mass of verify_strategy='top_p'")
+
+    @field_validator("verify_strategy", mode="before")
+    @classmethod
+    def _fastdeploy_spelling(cls, v):
+        return "top_p" if v == "topp" else v
+
+    #: the keys of this class, for splitting them off a vLLM method's dict
+    KEYS: ClassVar[frozenset[str]] = frozenset(
+        {"verify_strategy", "accept_policy", "verify_top_p"})
+
+
+class MethodConfig(VerifyConfig):
+    """Keys shared by every method."""
+
     METHOD: ClassVar[str] = ""
     #: False while the method is registered but not built yet.
     IMPLEMENTED: ClassVar[bool] = True
@@ -42,12 +60,21 @@ class MethodConfig(BaseModel):
     method: str
     num_speculative_tokens: int = Field(8, ge=1, le=MAX_SPEC_LEN,
                                         description="k: most draft tokens per request per step")
-    verify_strategy: Literal["standard", "greedy", "top_p", "target_match"] = "standard"
-    accept_policy: Literal["normal", "accept_all", "reject_all"] = "normal"
+    adaptive: bool = Field(True, description="adapt each request's draft length to its "
+                           "measured acceptance and the measured cost of a draft token")
+    adaptive_threshold: float | None = Field(
+        None, ge=0.0, le=1.0, description="fixed emission probability a draft token must "
+        "beat; None = measured online from the step-time cost model")
+    adaptive_decay: float = Field(0.8, gt=0.0, lt=1.0,
+                                  description="weight of acceptance history per observation")
+
+    #: keys consumed by the engine layer, not by proposer constructors
+    ENGINE_KEYS: ClassVar[frozenset[str]] = VerifyConfig.KEYS | frozenset({
+        "method", "adaptive", "adaptive_threshold", "adaptive_decay"})
 
     def proposer_kwargs(self) -> dict[str, Any]:
-        """The keys a proposer constructor takes (everything but method/verify keys)."""
-        return self.model_dump(exclude={"method", "verify_strategy", "accept_policy"})
+        """The keys a proposer constructor takes (everything but engine-layer keys)."""
+        return self.model_dump(exclude=set(self.ENGINE_KEYS))
 
 
 class NgramConfig(MethodConfig):
@@ -73,23 +100,88 @@ class NaiveConfig(MethodConfig):
 
 
 class SuffixConfig(MethodConfig):
-    """SuffixDecoding (Oliaro et al. 2025; ArcticInference). Keys as in vLLM."""
+    """SuffixDecoding (Oliaro et al. 2025; ArcticInference) with voting drafts (see
+    :mod:`vllm_specext.proposers.suffix`). Keys and meanings as vLLM's; FastDeploy spells
+    them the same way (``fastdeploy/spec_decode/suffix.py``). Extra key:
+    ``suffix_decoding_max_spec_offset`` (Arctic's ``max_spec_offset``).
+
+    Defaults were chosen by trace replay (``benchmarks/suffix_vs_arctic.py``, k = 8, the six
+    files of ``shared/traces``; the numbers are tau relative to Arctic at vLLM's defaults
+    24 / 10000 / 1.0 / 0.1): see each field.
+    """
 
     METHOD: ClassVar[str] = "suffix"
-    IMPLEMENTED: ClassVar[bool] = False
-    suffix_decoding_max_tree_depth: int = Field(24, ge=1, le=1024)
-    suffix_decoding_max_cached_requests: int = Field(10000, ge=-1)
-    suffix_decoding_max_spec_factor: float = Field(1.0, ge=0.0)
-    suffix_decoding_min_token_prob: float = Field(0.1, ge=0.0, le=1.0)
+    suffix_decoding_max_tree_depth: int = Field(
+        24, ge=1, le=1024,
+        description="longest stored suffix: bounds match + draft length. vLLM's 24 kept: "
+                    "32 and 64 gave the same tau on Spec-Bench and OpenHands, and every "
+                    "committed token costs O(depth)")
+    suffix_decoding_max_cached_requests: int = Field(
+        10000, ge=-1,
+        description="finished outputs kept in the global tree, FIFO (-1: unbounded, 0: no "
+                    "global tree). vLLM's 10000 kept: no trace stream exceeds 1,700 requests")
+    suffix_decoding_max_spec_factor: float = Field(
+        8.0, ge=0.0,
+        description="a longest match of m tokens drafts at most int(m * factor + offset). "
+                    "8.0 (vs vLLM's 1.0): +10% (MT-Bench) to +18% (RAG) tau at k = 8; "
+                    "2.0 / 4.0 give about 45% / 80% of that gain with fewer drafted tokens")
+    suffix_decoding_min_token_prob: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="stop drafting when the path probability (product of vote shares) falls "
+                    "below this. 0.05 (vs vLLM's 0.1): +0.2-0.6% tau; 0.0 adds < 0.1%")
+    suffix_decoding_max_spec_offset: float = Field(
+        0.0, description="offset of the per-match draft cap (Arctic's max_spec_offset)")
 
 
 class MemoryDecodingConfig(MethodConfig):
-    """Trie of past prompts and outputs (PIA Lookahead, Zhao et al. KDD 2024; MindIE)."""
+    """Trie of past outputs plus the request's own context (PIA Lookahead, Zhao et al.
+    KDD 2024; MindIE ``memory_decoding``).
+
+    MindIE's rule ``speculationGamma >= decoding_length`` maps onto
+    ``num_speculative_tokens``: omitted, it is ``decoding_length``; omitting
+    ``decoding_length`` instead gives ``min(num_speculative_tokens, 16)``; both given
+    with ``num_speculative_tokens < decoding_length`` is an error.
+    """
 
     METHOD: ClassVar[str] = "memory_decoding"
-    IMPLEMENTED: ClassVar[bool] = False
-    decoding_length: int = Field(16, ge=1, le=16)
-    dynamic_algo: bool = False
+    decoding_length: int = Field(16, ge=1, le=16, description="most draft tokens per step")
+    dynamic_algo: bool = Field(False, description="per-request draft length from acceptance")
+    branch_length: int = Field(8, ge=2, le=64,
+                               description="longest n-gram counted in the shared trie")
+    max_query_length: int = Field(4, ge=1, le=16,
+                                  description="longest context suffix used as a lookup key")
+    max_nodes: int = Field(1 << 20, ge=1024, le=1 << 26,
+                           description="node cap of the shared trie (36 bytes per node)")
+    eviction: Literal["frequency", "age"] = "frequency"
+    prompt_first: bool = Field(True, description="own context outranks the shared trie on ties")
+    insert_prompt: bool = Field(False, description="also count finished prompts in the trie")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_lengths(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        k, dl = data.get("num_speculative_tokens"), data.get("decoding_length")
+        if k is None and dl is not None:
+            data = {**data, "num_speculative_tokens": dl}
+        elif k is None:
+            data = {**data, "num_speculative_tokens": 16}
+        elif dl is None and isinstance(k, int) and not isinstance(k, bool):
+            data = {**data, "decoding_length": min(max(k, 1), 16)}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.num_speculative_tokens < self.decoding_length:
+            raise ValueError(
+                f"num_speculative_tokens ({self.num_speculative_tokens}) must be >= "
+                f"decoding_length ({self.decoding_length}) (MindIE: speculationGamma >= "
+                f"decoding_length); omit num_speculative_tokens to derive it")
+        if self.branch_length <= self.max_query_length:
+            raise ValueError(
+                f"branch_length ({self.branch_length}) must be > max_query_length "
+                f"({self.max_query_length}) so that a matched key has a continuation")
+        return self
 
 
 class LookaheadConfig(MethodConfig):
@@ -102,15 +194,58 @@ class LookaheadConfig(MethodConfig):
     guess_set_size: int = Field(5, ge=1, le=16)
 
 
-class MtpNgramConfig(MethodConfig):
-    """MTP-head drafts extended by n-gram matching (FastDeploy ``mtp_strategy: with_ngram``)."""
+class MtpNgramConfig(NgramConfig):
+    """MTP-head drafts extended by n-gram matching (FastDeploy ``mtp_strategy: with_ngram``).
+
+    The model's MTP layers (vLLM ``method="mtp"``) draft ``num_model_steps`` tokens; prompt
+    lookup over the context *followed by those drafts* appends tokens up to
+    ``num_speculative_tokens``. ``model``: optional MTP weights (default: the target).
+    Runs only inside vLLM (:mod:`vllm_specext.integration.mtp_hybrid`).
+    """
 
     METHOD: ClassVar[str] = "mtp_ngram"
-    IMPLEMENTED: ClassVar[bool] = False
-    num_model_steps: int = Field(1, ge=1, le=MAX_SPEC_LEN)
+    #: FastDeploy key -> ours, accepted in the ``{"method": "mtp", "mtp_strategy": ...}`` form
+    FASTDEPLOY_KEYS: ClassVar[dict[str, str]] = {"max_ngram_size": "prompt_lookup_max",
+                                                 "min_ngram_size": "prompt_lookup_min"}
+    num_model_steps: int = Field(1, ge=1, le=MAX_SPEC_LEN,
+                                 description="m: draft tokens from the MTP layers per step")
     model: str | None = None
-    prompt_lookup_min: int = Field(2, ge=1, le=64)
-    prompt_lookup_max: int = Field(5, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _k_ge_m(self):
+        if self.num_speculative_tokens < self.num_model_steps:
+            raise ValueError(
+                f"num_speculative_tokens ({self.num_speculative_tokens}) must be >= "
+                f"num_model_steps ({self.num_model_steps}): the MTP drafts are part of the "
+                f"num_speculative_tokens budget")
+        return self
+
+    @classmethod
+    def resolve_alias(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        """Map FastDeploy's form ``{"method": "mtp", "mtp_strategy": ...}`` to ours.
+
+        ``"with_ngram"`` becomes ``method="mtp_ngram"`` (``max_ngram_size`` /
+        ``min_ngram_size`` renamed to ``prompt_lookup_max`` / ``prompt_lookup_min``);
+        ``"default"`` is vLLM's own ``mtp`` (the key is dropped). Any other dict is
+        returned unchanged.
+
+        Raises:
+            SpecExtConfigError: ``mtp_strategy`` with another method or value.
+        """
+        spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
+        if "mtp_strategy" not in spec:
+            return spec
+        strategy = spec.pop("mtp_strategy")
+        if spec.get("method") != "mtp" or strategy not in ("default", "with_ngram"):
+            raise SpecExtConfigError(
+                f"'mtp_strategy': got {strategy!r} with method {spec.get('method')!r}; "
+                f"allowed: 'default' or 'with_ngram', with method 'mtp'")
+        if strategy == "with_ngram":
+            spec["method"] = cls.METHOD
+            for theirs, ours in cls.FASTDEPLOY_KEYS.items():
+                if theirs in spec:
+                    spec[ours] = spec.pop(theirs)
+        return spec
 
 
 METHODS: dict[str, type[MethodConfig]] = {
@@ -141,7 +276,7 @@ def _allowed(model: type[BaseModel], key: str) -> str:
     return tname
 
 
-def _explain(method: str, model: type[MethodConfig], err: ValidationError) -> str:
+def _explain(method: str, model: type[BaseModel], err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
@@ -155,6 +290,27 @@ def _explain(method: str, model: type[MethodConfig], err: ValidationError) -> st
             got = e.get("input")
             lines.append(f"{key!r}: {e['msg']} (got {got!r}); allowed: {allowed}")
     return f"invalid speculative_config for method {method!r}: " + "; ".join(lines)
+
+
+def validate_verify_config(config: dict[str, Any]) -> VerifyConfig:
+    """Validate verify keys given alongside one of vLLM's own methods.
+
+    Raises:
+        SpecExtConfigError: unknown key or value, naming it and the allowed values.
+    """
+    try:
+        cfg = VerifyConfig(**config)
+    except ValidationError as err:
+        raise SpecExtConfigError(_explain("<vllm method>", VerifyConfig, err)) from None
+    _warn_if_lossy(cfg)
+    return cfg
+
+
+def _warn_if_lossy(cfg: VerifyConfig) -> None:
+    if cfg.verify_strategy == "top_p" or cfg.accept_policy == "accept_all":
+        logger.warning("vllm_specext: verify_strategy=%r / accept_policy=%r is lossy: outputs "
+                       "differ from the target model's distribution", cfg.verify_strategy,
+                       cfg.accept_policy)
 
 
 def validate_config(config: dict[str, Any]) -> MethodConfig:
@@ -189,8 +345,5 @@ def validate_config(config: dict[str, Any]) -> MethodConfig:
         cfg = model(**config)
     except ValidationError as err:
         raise SpecExtConfigError(_explain(method, model, err)) from None
-    if cfg.verify_strategy == "top_p" or cfg.accept_policy == "accept_all":
-        logger.warning("vllm_specext: verify_strategy=%r / accept_policy=%r is lossy: outputs "
-                       "differ from the target model's distribution", cfg.verify_strategy,
-                       cfg.accept_policy)
+    _warn_if_lossy(cfg)
     return cfg

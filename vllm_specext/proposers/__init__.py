@@ -14,6 +14,9 @@ from vllm_specext.proposers.base import Proposer, TokenBuffer
 PROPOSER_CLASSES: dict[str, str] = {
     "ngram": "vllm_specext.proposers.ngram:NgramProposer",
     "naive": "vllm_specext.proposers.naive:NaiveProposer",
+    "suffix": "vllm_specext.proposers.suffix:SuffixProposer",
+    "mtp_ngram": "vllm_specext.proposers.mtp_ngram:engine_only",  # needs the engine
+    "memory_decoding": "vllm_specext.proposers.memory_decoding:MemoryDecodingProposer",
 }
 
 

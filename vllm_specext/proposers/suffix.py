@@ -1,0 +1,415 @@
+"""``suffix``: SuffixDecoding (Oliaro et al., NeurIPS 2025; ArcticInference) in numpy/numba.
+
+Each active request has a suffix tree over its prompt and committed output, and one
+global tree holds the outputs of active and finished requests, FIFO-capped
+(:mod:`vllm_specext.proposers.suffix_tree`). As in ArcticInference's
+``SuffixDecodingCache``, an active request's output enters the global tree as it grows, so
+concurrent requests draft from each other. Unlike it, aborted and preempted requests
+(``stop_request(finished=False)``) are removed from the global tree, the cap counts
+finished outputs only, and reusing a request id never evicts another request's output.
+
+Drafting ("voting"). Arctic drafts from the single match length ``m`` (and tree) whose
+greedy path scores best (sum of path probabilities). Here every matched suffix votes:
+
+* voters are the context's suffixes of length m = 1 .. min(len, max_tree_depth) - 1
+  found in the request tree (with at least one earlier occurrence) and in the global
+  tree (from the request's own output states, then walks from the root until the first
+  miss); a voter's support ``s`` is its occurrence count, without the context's own
+  occurrence (which has no continuation);
+* each voter gives each of its next tokens ``count(child) / (s + ALPHA)`` (its best child
+  and up to ``MAX_CHILDREN`` others); the token with the most votes is drafted, its
+  share of all votes multiplies the path probability, and only the voters that predicted
+  it continue, one token deeper;
+* drafting stops at ``min(k, int(longest match * max_spec_factor + offset))`` tokens,
+  when the path probability falls below ``min_token_prob``, or when no voter is left.
+
+The tree draft (:meth:`SuffixProposer.propose_tree`, offline replay only) expands the
+same vote distributions best-first by path probability.
+
+Measured (``benchmarks/suffix_vs_arctic.py``, k = 8, all six trace files): with Arctic's
+own scoring rule our tau equals Arctic's; voting at the same explicit parameters gives
+tau >= Arctic's on every file, and voting is what lets the defaults of
+:class:`~vllm_specext.config.SuffixConfig` reach 1.15x on the OpenHands trace.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from vllm_specext.proposers.base import Proposer
+from vllm_specext.proposers.suffix_tree import (BEST, CNT, FCH, LEN, NXT, TOK, ActiveRequest,
+                                                GlobalCache, child, match, token_at)
+
+#: pseudo-count added to a voter's support: a suffix seen once before votes 1/2 for its
+#: continuation (0.5 and 2 changed tau by < 0.3% on the traces)
+ALPHA = 1.0
+#: children a voter enumerates besides its best one (4 or 64: tau within 0.1%)
+MAX_CHILDREN = 16
+# voter columns: tree (0 request, 1 global), node, tokens of its run used, support
+V_TREE, V_NODE, V_USED, V_SUP = range(4)
+
+
+# --------------------------------------------------------------------------- kernels
+@njit(cache=True, inline="always")
+def _budget(m, max_tokens, factor, offset):
+    b = int(np.float32(m) * np.float32(factor) + np.float32(offset) + 1e-6)
+    return max(0, min(max_tokens, b))
+
+
+@njit(cache=True)
+def collect_voters(lnodes, ltok, lseqs, act, n_ctx, gnodes, ghkeys, ghvals, gtok, gseqs,
+                   slot, gact, cand):
+    """Write the voters of a request whose tokens are ``ltok[:n_ctx]`` to ``cand``.
+
+    Args:
+        lnodes, ltok, lseqs, act: the request tree and its suffix states.
+        gnodes, ghkeys, ghvals, gtok, gseqs: the global tree; slot: the request's output
+            in it (-1: none), gact: that output's suffix states.
+        cand: int32 ``(>= 2 * max_tree_depth, 4)``, columns ``V_*``.
+
+    Returns:
+        ``(n voters, longest match length)``.
+    """
+    width = min(n_ctx, act.shape[0])
+    nc = 0
+    longest = 0
+    for m in range(1, width):
+        u = act[m]
+        if lnodes[u, CNT] > 1:
+            cand[nc, V_TREE], cand[nc, V_NODE] = 0, u
+            cand[nc, V_USED], cand[nc, V_SUP] = lnodes[u, LEN], lnodes[u, CNT] - 1
+            nc += 1
+            longest = m
+    own = min(gseqs[slot, 1], act.shape[0] - 1) if slot >= 0 else 0
+    for m in range(1, width):
+        if m <= own:
+            u = gact[m]
+            used = gnodes[u, LEN]
+            sup = gnodes[u, CNT] - 1
+        else:
+            u, used = match(gnodes, ghkeys, ghvals, gtok, gseqs, ltok, n_ctx - m, n_ctx)
+            if u < 0:
+                break
+            sup = gnodes[u, CNT]
+        if sup > 0:
+            cand[nc, V_TREE], cand[nc, V_NODE], cand[nc, V_USED], cand[nc, V_SUP] = 1, u, used, sup
+            nc += 1
+            longest = max(longest, m)
+    return nc, longest
+
+
+@njit(cache=True)
+def _tally(tkeys, tvals, tstamp, stamp, touched, nt, t, w):
+    """Add ``w`` to token ``t`` (slots of older stamps are empty); returns the new
+    number of touched slots."""
+    mask = len(tkeys) - 1
+    i = (t * 0x9E3779B1) & mask
+    while tstamp[i] == stamp and tkeys[i] != t:
+        i = (i + 1) & mask
+    if tstamp[i] != stamp:
+        tstamp[i] = stamp
+        tkeys[i] = t
+        tvals[i] = 0.0
+        touched[nt] = i
+        nt += 1
+    tvals[i] += w
+    return nt
+
+
+@njit(cache=True)
+def vote(lnodes, ltok, lseqs, gnodes, gtok, gseqs, cand, lo, hi, tkeys, tvals, tstamp, stamp,
+         touched):
+    """Tally the next-token votes of voters ``cand[lo:hi]`` under a fresh ``stamp``.
+
+    Returns:
+        ``(n touched, total weight, slot of the top token or -1)``; the tally is
+        ``tkeys[touched[:n]]`` / ``tvals[touched[:n]]`` (ties: the first voted).
+    """
+    nt = 0
+    total = 0.0
+    for c in range(lo, hi):
+        tree, u, used, sup = cand[c, V_TREE], cand[c, V_NODE], cand[c, V_USED], cand[c, V_SUP]
+        nodes = lnodes if tree == 0 else gnodes
+        w = 1.0 / (sup + ALPHA)
+        if used < nodes[u, LEN]:
+            t = token_at(nodes, ltok if tree == 0 else gtok, lseqs if tree == 0 else gseqs,
+                         u, used)
+            nt = _tally(tkeys, tvals, tstamp, stamp, touched, nt, t, sup * w)
+            total += sup * w
+            continue
+        b = nodes[u, BEST]
+        if b < 0:
+            continue
+        nt = _tally(tkeys, tvals, tstamp, stamp, touched, nt, nodes[b, TOK], nodes[b, CNT] * w)
+        total += nodes[b, CNT] * w
+        x = nodes[u, FCH]
+        seen = 0
+        while x >= 0 and seen < MAX_CHILDREN:
+            if x != b:
+                nt = _tally(tkeys, tvals, tstamp, stamp, touched, nt, nodes[x, TOK],
+                            nodes[x, CNT] * w)
+                total += nodes[x, CNT] * w
+                seen += 1
+            x = nodes[x, NXT]
+    best = -1
+    for j in range(nt):
+        if best < 0 or tvals[touched[j]] > tvals[best]:
+            best = touched[j]
+    return nt, total, best
+
+
+@njit(cache=True)
+def advance(lnodes, lhkeys, lhvals, ltok, lseqs, gnodes, ghkeys, ghvals, gtok, gseqs,
+            cand, lo, hi, t, dst):
+    """Write the voters of ``cand[lo:hi]`` that continue with token ``t``, one token
+    further, to ``cand[dst:]`` (``dst <= lo`` or ``dst >= hi``); returns how many."""
+    n = 0
+    for c in range(lo, hi):
+        tree, u, used, sup = cand[c, V_TREE], cand[c, V_NODE], cand[c, V_USED], cand[c, V_SUP]
+        nodes = lnodes if tree == 0 else gnodes
+        if used < nodes[u, LEN]:
+            if token_at(nodes, ltok if tree == 0 else gtok, lseqs if tree == 0 else gseqs,
+                        u, used) != t:
+                continue
+            used += 1
+        else:
+            u = child(lhkeys, lhvals, u, t) if tree == 0 else child(ghkeys, ghvals, u, t)
+            if u < 0:
+                continue
+            used = 1
+            sup = nodes[u, CNT]
+        d = dst + n
+        cand[d, V_TREE], cand[d, V_NODE], cand[d, V_USED], cand[d, V_SUP] = tree, u, used, sup
+        n += 1
+    return n
+
+
+@njit(cache=True)
+def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
+                gnodes, ghkeys, ghvals, gtok, gseqs, slot, gact,
+                max_tokens, factor, offset, min_prob, cand, tkeys, tvals, tstamp, stamp,
+                touched, out):
+    """Single-chain vote draft (module docstring) of at most ``max_tokens`` into ``out``.
+
+    Tree arguments as :func:`collect_voters` (plus the request tree's children table);
+    ``tkeys``/``tvals``/``tstamp``/``touched``: tally scratch of one power-of-two size,
+    ``stamp``: the last stamp used.
+
+    Returns:
+        ``(n tokens, last stamp used)``.
+    """
+    nc, longest = collect_voters(lnodes, ltok, lseqs, act, n_ctx, gnodes, ghkeys, ghvals,
+                                 gtok, gseqs, slot, gact, cand)
+    budget = _budget(longest, max_tokens, factor, offset)
+    prob = 1.0
+    n = 0
+    while n < budget and nc > 0:
+        stamp += 1
+        _, total, best = vote(lnodes, ltok, lseqs, gnodes, gtok, gseqs, cand, 0, nc,
+                              tkeys, tvals, tstamp, stamp, touched)
+        if best < 0:
+            break
+        prob *= tvals[best] / total
+        if prob < min_prob:
+            break
+        t = tkeys[best]
+        out[n] = t
+        n += 1
+        nc = advance(lnodes, lhkeys, lhvals, ltok, lseqs, gnodes, ghkeys, ghvals, gtok, gseqs,
+                     cand, 0, nc, t, 0)
+    return n, stamp
+
+
+@njit(cache=True)
+def draft_tree(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
+               gnodes, ghkeys, ghvals, gtok, gseqs, slot, gact,
+               max_depth, max_nodes, factor, offset, min_prob, tkeys, tvals, tstamp, stamp,
+               touched, out, par):
+    """Best-first vote tree: emit the open branch of highest path probability, then
+    open its children (the tokens its surviving voters predict, at most as many as
+    tokens are left), at most ``max_nodes`` tokens, none deeper than
+    ``min(max_depth, int(longest match * factor + offset))``.
+
+    Returns:
+        ``(n tokens, last stamp used)``; ``par[i]`` is token i's parent index (-1: the
+        context).
+    """
+    pool = np.empty((2 * act.shape[0] + 16, 4), dtype=np.int32)
+    nc, longest = collect_voters(lnodes, ltok, lseqs, act, n_ctx, gnodes, ghkeys, ghvals,
+                                 gtok, gseqs, slot, gact, pool)
+    depth_cap = _budget(longest, max_depth, factor, offset)
+    used = nc
+    cap = 64  # heap of open branches: probability, voters pool[lo:hi], depth, parent, token
+    hp = np.empty(cap, np.float64)
+    items = np.empty((cap, 5), np.int32)
+    size = 0
+    n = 0
+    lo, hi, depth, parent, prob = 0, nc, 0, -1, 1.0
+    while True:
+        if depth < depth_cap and hi > lo:  # open the children of the last emitted token
+            stamp += 1
+            nt, total, _ = vote(lnodes, ltok, lseqs, gnodes, gtok, gseqs, pool, lo, hi,
+                                tkeys, tvals, tstamp, stamp, touched)
+            order = np.argsort(-tvals[touched[:nt]], kind="mergesort")
+            for j in order[:max_nodes - n]:
+                slot_j = touched[j]
+                p = prob * tvals[slot_j] / total
+                if p < min_prob:
+                    break
+                t = tkeys[slot_j]
+                if used + (hi - lo) > len(pool):
+                    grown = np.empty((2 * len(pool) + hi - lo, 4), dtype=np.int32)
+                    grown[:used] = pool[:used]
+                    pool = grown
+                k = advance(lnodes, lhkeys, lhvals, ltok, lseqs, gnodes, ghkeys, ghvals, gtok,
+                            gseqs, pool, lo, hi, t, used)
+                if size == cap:
+                    cap *= 2
+                    hp2 = np.empty(cap, np.float64)
+                    items2 = np.empty((cap, 5), np.int32)
+                    hp2[:size] = hp[:size]
+                    items2[:size] = items[:size]
+                    hp, items = hp2, items2
+                j2 = size  # sift up
+                size += 1
+                while j2 > 0 and hp[(j2 - 1) // 2] < p:
+                    h = (j2 - 1) // 2
+                    hp[j2] = hp[h]
+                    items[j2] = items[h]
+                    j2 = h
+                hp[j2] = p
+                items[j2, 0], items[j2, 1], items[j2, 2] = used, used + k, depth + 1
+                items[j2, 3], items[j2, 4] = parent, t
+                used += k
+        if n >= max_nodes or size == 0:
+            break
+        prob = hp[0]  # pop the most probable open branch and emit its token
+        lo, hi, depth, parent, t = items[0, 0], items[0, 1], items[0, 2], items[0, 3], items[0, 4]
+        size -= 1
+        hp[0] = hp[size]
+        items[0] = items[size]
+        j = 0
+        while True:
+            c = 2 * j + 1
+            if c >= size:
+                break
+            if c + 1 < size and hp[c + 1] > hp[c]:
+                c += 1
+            if hp[c] <= hp[j]:
+                break
+            hp[j], hp[c] = hp[c], hp[j]
+            for f in range(5):
+                items[j, f], items[c, f] = items[c, f], items[j, f]
+            j = c
+        out[n] = t
+        par[n] = parent
+        parent = n
+        n += 1
+    return n, stamp
+
+
+# --------------------------------------------------------------------------- proposer
+class SuffixProposer(Proposer):
+    """Suffix-tree drafter over each request's tokens and a global cache of outputs.
+
+    Defaults are those of :class:`~vllm_specext.config.SuffixConfig` (with their
+    measurements); vLLM's are 24 / 10000 / 1.0 / 0.1.
+
+    Args:
+        num_speculative_tokens: k, the most draft tokens per step.
+        suffix_decoding_max_tree_depth: longest stored suffix; bounds match + draft length.
+        suffix_decoding_max_cached_requests: finished outputs kept in the global tree
+            (FIFO; -1 unbounded, 0 disables the global tree).
+        suffix_decoding_max_spec_factor: a longest match of m tokens drafts at most
+            ``int(m * factor + offset)`` tokens.
+        suffix_decoding_min_token_prob: stop drafting once the path probability (product
+            of the drafted tokens' vote shares) falls below this.
+        suffix_decoding_max_spec_offset: the offset above (Arctic's ``max_spec_offset``).
+
+    Raises:
+        ValueError: k < 1, depth < 1, or max_cached_requests < -1.
+    """
+
+    method = "suffix"
+
+    def __init__(self, num_speculative_tokens: int, suffix_decoding_max_tree_depth: int = 24,
+                 suffix_decoding_max_cached_requests: int = 10000,
+                 suffix_decoding_max_spec_factor: float = 8.0,
+                 suffix_decoding_min_token_prob: float = 0.05,
+                 suffix_decoding_max_spec_offset: float = 0.0):
+        super().__init__(num_speculative_tokens)
+        self.max_depth = int(suffix_decoding_max_tree_depth)
+        self.max_spec_factor = float(suffix_decoding_max_spec_factor)
+        self.max_spec_offset = float(suffix_decoding_max_spec_offset)
+        self.min_token_prob = float(suffix_decoding_min_token_prob)
+        self.global_cache = GlobalCache(self.max_depth, suffix_decoding_max_cached_requests)
+        self._reqs: dict[str, ActiveRequest] = {}
+        self._cand = np.zeros((2 * self.max_depth, 4), dtype=np.int32)
+        size = 1 << (4 * self.max_depth * (MAX_CHILDREN + 1)).bit_length()
+        self._tkeys = np.zeros(size, dtype=np.int32)
+        self._tvals = np.zeros(size, dtype=np.float64)
+        self._tstamp = np.zeros(size, dtype=np.int64)
+        self._touched = np.zeros(size, dtype=np.int32)
+        self._stamp = 0
+        self._out = np.empty(self.num_speculative_tokens, dtype=np.int32)
+
+    # ----------------------------------------------------------------- life cycle
+    def _on_start(self, req_id: str) -> None:
+        buf = self.tokens[req_id]
+        req = ActiveRequest(self.max_depth, self.global_cache, len(buf))
+        req.extend(buf.storage, len(buf))
+        self._reqs[req_id] = req
+
+    def _on_update(self, req_id: str, old_len: int) -> None:
+        buf = self.tokens[req_id]
+        self._reqs[req_id].extend(buf.storage, len(buf))
+
+    def _on_stop(self, req_id: str, finished: bool) -> None:
+        self._reqs.pop(req_id).close(finished)
+
+    # ----------------------------------------------------------------- drafting
+    def _trees(self, req_id: str) -> tuple:
+        req, buf, g = self._reqs[req_id], self.tokens[req_id], self.global_cache
+        t, gt = req.tree, g.tree
+        return (t.nodes, t.hkeys, t.hvals, buf.storage, req.seqs, req.act, len(buf),
+                gt.nodes, gt.hkeys, gt.hvals, g.arena, g.seqs, req.slot, req.gact)
+
+    def _propose_one(self, req_id: str, max_tokens: int) -> list[int]:
+        n, self._stamp = draft_chain(
+            *self._trees(req_id), max_tokens, self.max_spec_factor, self.max_spec_offset,
+            self.min_token_prob, self._cand, self._tkeys, self._tvals, self._tstamp,
+            self._stamp, self._touched, self._out)
+        return self._out[:n].tolist()
+
+    def propose_tree(self, req_id: str, budget: int = 64,
+                     max_depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Multi-branch draft for offline tree verification (not in vLLM): the vote
+        distributions expanded best-first by path probability.
+
+        Args:
+            req_id: an active request.
+            budget: most tree nodes (draft tokens), >= 0.
+            max_depth: longest branch (default: k); the per-match cap also applies.
+
+        Returns:
+            ``(tokens, parents)``, int32 ``(n,)`` each, n <= budget; ``parents[i]`` is
+            the index of token i's parent (< i), -1 if it follows the context.
+
+        Raises:
+            KeyError: ``req_id`` is not active.
+        """
+        depth = self.num_speculative_tokens if max_depth is None else int(max_depth)
+        budget = max(int(budget), 0)
+        out = np.empty(budget, dtype=np.int32)
+        par = np.empty(budget, dtype=np.int32)
+        n, self._stamp = draft_tree(
+            *self._trees(req_id), depth, budget, self.max_spec_factor, self.max_spec_offset,
+            self.min_token_prob, self._tkeys, self._tvals, self._tstamp, self._stamp,
+            self._touched, out, par)
+        return out[:n], par[:n]
+
+    # ----------------------------------------------------------------- accounting
+    def state_nbytes(self) -> int:
+        """Token buffers, request trees and the global cache, in bytes."""
+        return (super().state_nbytes() + sum(r.nbytes for r in self._reqs.values())
+                + self.global_cache.nbytes)
