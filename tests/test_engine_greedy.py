@@ -21,13 +21,14 @@ def baseline():
     return generate_in_subprocess({**JOB, "spec": None})
 
 
-@pytest.mark.parametrize("method,k", [("ngram", 4), ("ngram", 8), ("naive", 4), ("naive", 8)])
+@pytest.mark.parametrize("method,k", [("ngram", 4), ("ngram", 8), ("naive", 4), ("naive", 8),
+                                      ("suffix", 8), ("memory_decoding", 8)])
 def test_greedy_identical(baseline, method, k):
     res = generate_in_subprocess({**JOB, "spec": {"method": method, "num_speculative_tokens": k}})
     assert len(res["token_ids"]) == len(CHATS) >= 6
     for i, (got, want) in enumerate(zip(res["token_ids"], baseline["token_ids"])):
         assert got == want, f"prompt {i} differs with {method} k={k}"
-    if method == "ngram":
+    if method != "naive":
         assert res["num_accepted_tokens"] > 0
         assert res["num_draft_tokens"] <= k * res["num_drafts"]
     else:
