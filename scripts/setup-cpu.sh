@@ -18,4 +18,12 @@ if ! "$PY" -c "$CHECK" 2>/dev/null; then
     "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 "$PY" -c "$CHECK"
+# vllm-ascend's Python source (an sdist, nothing built) for tests/test_ascend_integration.py,
+# which imports its real runner and sampler classes on CPU with NPU-only modules stubbed.
+if ! ls .cache/vllm-ascend/vllm_ascend-*.tar.gz >/dev/null 2>&1; then
+    "$PY" -m pip install -q setuptools-scm wheel
+    SOC_VERSION=ascend910b1 "$PY" -m pip download -q --no-deps --no-build-isolation \
+        vllm-ascend==0.30.0rc2 -d .cache/vllm-ascend \
+        || echo "warning: vllm-ascend sdist not fetched; the Ascend integration test will skip" >&2
+fi
 echo "vllm-specext installed in $VENV" >&2

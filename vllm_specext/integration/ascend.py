@@ -141,9 +141,10 @@ def ascend_proposer_class() -> type:
             return drafts
         return [d[:budget] for d in drafts]
 
+    doc = ("SpecExtProposer for vllm-ascend's NPUModelRunner (an AscendNgramProposer for "
+           "its isinstance dispatch; built by vllm_specext.integration.ascend).")
     return type("SpecExtAscendProposer", (SpecExtProposer, AscendNgramProposer),
-                {"__module__": __name__, "__doc__": ascend_proposer_class.__doc__,
-                 "propose": propose})
+                {"__module__": __name__, "__doc__": doc, "propose": propose})
 
 
 def patch_npu_model_runner(cls: type) -> None:
