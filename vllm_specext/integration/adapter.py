@@ -120,8 +120,9 @@ class SpecExtProposer:
             ``list[list[int]]`` with one list per row, each 0..k tokens.
         """
         kwargs.pop("slot_mappings", None)
-        if args and isinstance(args[0], (int, np.integer)):
-            args = args[1:]
+        budget = self.k
+        if args and isinstance(args[0], (int, np.integer)):  # the scheduler's draft budget
+            budget, args = min(self.k, int(args[0])), args[1:]
         sampled, num_tokens, token_ids = args[:3]
         num_rows = len(sampled)
         if not self.is_drafting_rank or self.runner is None:
@@ -132,7 +133,7 @@ class SpecExtProposer:
             self.cost_model.observe(tokens, time.perf_counter() - start)
             self._step = None
         try:
-            caps = self._sync(req_ids, sampled, num_tokens, token_ids)
+            caps = [min(c, budget) for c in self._sync(req_ids, sampled, num_tokens, token_ids)]
             drafts = self.proposer.propose(req_ids, caps)
             if self.controller is None:
                 return drafts
