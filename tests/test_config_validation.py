@@ -19,6 +19,26 @@ BAD = [
     ({"method": "ngram", "accept_policy": "maybe"}, "accept_policy"),
     ({"method": "nrgam"}, "nrgam"),
     ({"method": "ngram", "num_speculative_tokens": 4.5}, "num_speculative_tokens"),
+    ({"method": "ngram", "verify_top_p": 0}, "verify_top_p"),
+    ({"method": "ngram", "adaptive_decay": 1.0}, "adaptive_decay"),
+    ({"method": "ngram", "adaptive_threshold": 2}, "adaptive_threshold"),
+    ({"method": "ngram", "adaptive": "sometimes"}, "adaptive"),
+    ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, "suffix_decoding_max_tree_depth"),
+    ({"method": "suffix", "suffix_decoding_max_cached_requests": -2},
+     "suffix_decoding_max_cached_requests"),
+    ({"method": "suffix", "suffix_decoding_min_token_prob": 1.5}, "suffix_decoding_min_token_prob"),
+    ({"method": "suffix", "suffix_decoding_max_spec_factor": -1}, "suffix_decoding_max_spec_factor"),
+    ({"method": "memory_decoding", "decoding_length": 17}, "decoding_length"),
+    ({"method": "memory_decoding", "decoding_length": 16, "num_speculative_tokens": 8},
+     "decoding_length"),
+    ({"method": "memory_decoding", "dynamic_algo": "often"}, "dynamic_algo"),
+    ({"method": "memory_decoding", "max_nodes": 10}, "max_nodes"),
+    ({"method": "mtp_ngram", "num_model_steps": 4, "num_speculative_tokens": 2},
+     "num_model_steps"),
+    ({"method": "lookahead"}, "lookahead"),
+    ({"plugin_type": "mystery"}, "plugin_type"),
+    ({"plugin_type": "memory_decoding", "method": "ngram"}, "plugin_type"),
+    ({"method": "ngram", "mtp_strategy": "with_ngram"}, "mtp_strategy"),
 ]
 
 
@@ -84,3 +104,17 @@ def test_example_configs_are_valid():
     assert paths
     for path in paths:
         normalise(json.loads(path.read_text()))  # raises on an invalid example
+
+
+def test_mindie_plugin_type_alias():
+    cfg = validate_config({"plugin_type": "memory_decoding", "decoding_length": 8})
+    assert cfg.method == "memory_decoding" and cfg.num_speculative_tokens == 8
+    vllm_spec, ours = normalise({"plugin_type": "memory_decoding"})
+    assert vllm_spec["method"] == "custom_class" and ours["method"] == "memory_decoding"
+
+
+def test_fastdeploy_spellings():
+    assert validate_config({"method": "ngram", "verify_strategy": "topp"}).verify_strategy == "top_p"
+    _, ours = normalise({"method": "mtp", "mtp_strategy": "with_ngram", "num_model_steps": 1,
+                         "num_speculative_tokens": 4})
+    assert ours["method"] == "mtp_ngram"

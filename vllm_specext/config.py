@@ -254,6 +254,34 @@ METHODS: dict[str, type[MethodConfig]] = {
 }
 
 
+#: MindIE's ``plugin_params`` names of our methods
+MINDIE_PLUGIN_TYPES = {"memory_decoding": "memory_decoding", "la": "lookahead"}
+
+
+def resolve_aliases(spec: dict[str, Any]) -> dict[str, Any]:
+    """Map other projects' spellings of a speculative config onto ours.
+
+    ``-`` in keys becomes ``_``; MindIE's ``{"plugin_type": "memory_decoding" | "la", ...}``
+    becomes ``method`` ``memory_decoding`` / ``lookahead``; FastDeploy's
+    ``{"method": "mtp", "mtp_strategy": ...}`` is handled by
+    :meth:`MtpNgramConfig.resolve_alias`. Other dicts are returned unchanged (a copy).
+
+    Raises:
+        SpecExtConfigError: an unknown ``plugin_type``, or one that contradicts ``method``.
+    """
+    spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
+    if "plugin_type" in spec:
+        plugin = spec.pop("plugin_type")
+        method = MINDIE_PLUGIN_TYPES.get(plugin)
+        if method is None:
+            raise SpecExtConfigError(f"'plugin_type': got {plugin!r}; allowed: "
+                                     f"{', '.join(map(repr, MINDIE_PLUGIN_TYPES))}")
+        if spec.setdefault("method", method) != method:
+            raise SpecExtConfigError(f"'plugin_type' {plugin!r} contradicts 'method' "
+                                     f"{spec['method']!r}; give one of them")
+    return MtpNgramConfig.resolve_alias(spec)
+
+
 def _allowed(model: type[BaseModel], key: str) -> str:
     """Describe the allowed values of ``model.key`` from its annotation and bounds."""
     field = model.model_fields.get(key)
@@ -330,7 +358,7 @@ def validate_config(config: dict[str, Any]) -> MethodConfig:
     if not isinstance(config, dict):
         raise SpecExtConfigError(
             f"speculative_config must be a JSON object / dict, got {type(config).__name__}")
-    config = {str(k).replace("-", "_"): v for k, v in config.items()}
+    config = resolve_aliases(config)
     method = config.get("method")
     if method not in METHODS:
         raise SpecExtConfigError(

@@ -20,8 +20,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vllm_specext.config import (METHODS, MtpNgramConfig, VerifyConfig, validate_config,
-                                 validate_verify_config)
+from vllm_specext.config import (METHODS, MtpNgramConfig, VerifyConfig, resolve_aliases,
+                                 validate_config, validate_verify_config)
 
 ADAPTER_CLASS = "vllm_specext.integration.adapter.SpecExtProposer"
 ADDITIONAL_CONFIG_KEY = "vllm_specext"
@@ -42,7 +42,7 @@ def normalise(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | No
         vllm_specext.config.SpecExtConfigError: our method with invalid keys/values.
     """
     spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
-    spec = MtpNgramConfig.resolve_alias(spec)  # FastDeploy {"method": "mtp", "mtp_strategy"}
+    spec = resolve_aliases(spec)  # MindIE plugin_type, FastDeploy mtp_strategy
     builtin = spec.pop("use_builtin", False)
     if builtin or spec.get("method") not in METHODS:  # vLLM's method, maybe our verify keys
         verify = {k: spec.pop(k) for k in VerifyConfig.KEYS & set(spec)}

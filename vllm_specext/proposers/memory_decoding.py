@@ -8,8 +8,9 @@ Every step three candidate drafts are built from the context's longest matching 
 * ``recent``: the continuation of its most recent earlier occurrence in the request's
   own prompt + output (PIA's per-request "input" branches; prompt lookup);
 * ``next``: the continuation of its first occurrence at or after the *copy pointer*,
-  the place in the context where the last accepted copy ended (a summary or an answer
-  walks through its source in order; LLMA, Yang et al. 2023, copies the same way);
+  where the context copy that best matched the last committed tokens ended (a summary
+  or an answer walks through its source in order; LLMA, Yang et al. 2023, copies the
+  same way);
 * ``trie``: the highest-count path below the suffix in the shared
   :class:`~vllm_specext.proposers.memory_trie.FrequencyTrie` of all outputs (PIA's
   "output" frequencies), re-matched on context + draft when a branch ends.
@@ -23,6 +24,10 @@ ties: the request's own context first (PIA's mix mode) or the shared trie first.
 ``dynamic_algo`` (MindIE's name): each (kind, match length) also learns the
 probability that drafted token i is accepted given tokens < i were; the draft stops
 where the probability of reaching the next token falls below ``_DYN_MIN_REACH``.
+
+Committed tokens are counted in the trie as they arrive (lazily, at the next
+``propose`` or at ``stop_request``), like PIA's ``stream_put``, so concurrent requests
+share them; tokens of aborted or preempted requests stay counted.
 
 All per-step work is one numba call (:func:`_step`) over flat arrays: the trie arena,
 the request's state array (layout below), its token buffer and the statistics.
