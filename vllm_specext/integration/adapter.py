@@ -82,6 +82,20 @@ class SpecExtProposer:
         """Give the drafter access to the model runner (request ids, prompt lengths)."""
         self.runner = runner
 
+    def on_verified(self, step: Any) -> None:
+        """Verify-hook listener: pass the target's tokens at the draft positions of each
+        request to the proposer (:meth:`Proposer.observe_targets`)."""
+        if not self.is_drafting_rank or step.req_ids is None:
+            return
+        drafts = step.draft_token_ids.tolist()
+        targets = step.target_token_ids.tolist()
+        start = 0
+        for rid, n in zip(step.req_ids, step.num_draft_tokens):
+            if n and rid in self.proposer.tokens:
+                self.proposer.observe_targets(rid, drafts[start:start + n],
+                                              targets[start:start + n])
+            start += n
+
     def on_step_start(self, scheduler_output: Any) -> None:
         """Called when the runner starts a step: release finished requests' state and
         start timing the step for the cost model."""

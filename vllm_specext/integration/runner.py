@@ -47,8 +47,11 @@ def _after_init(runner) -> None:
     policy = cfg.get("accept_policy", "normal")
     # Our kernel is lossless under the defaults and faster than vLLM's on CPU
     # (benchmarks/verify_cost.py); elsewhere it is used only when asked for.
-    if cfg and (cpu or (strategy, policy) != ("standard", "normal")):
-        install_verify(runner, strategy, policy, top_p=cfg.get("verify_top_p", 0.9))
+    wants_targets = isinstance(drafter, SpecExtProposer) and drafter.proposer.uses_target_tokens
+    if cfg and (cpu or wants_targets or (strategy, policy) != ("standard", "normal")):
+        hook = install_verify(runner, strategy, policy, top_p=cfg.get("verify_top_p", 0.9))
+        if wants_targets:  # e.g. lookahead's Jacobi feedback
+            hook.add_listener(drafter.on_verified)
 
 
 def patch_model_runner() -> None:

@@ -156,6 +156,21 @@ class Proposer(ABC):
     def _propose_one(self, req_id: str, max_tokens: int) -> list[int]:
         """Draft at most ``max_tokens`` (>= 1) tokens for one active request."""
 
+    #: True for proposers that learn from the target model's tokens at draft positions
+    #: (the engine then computes and passes them to :meth:`observe_targets`).
+    uses_target_tokens: bool = False
+
+    def observe_targets(self, req_id: str, draft: Sequence[int],
+                        targets: Sequence[int]) -> None:
+        """The target model's token at each verified draft position of ``req_id``'s last
+        step (argmax for greedy requests, the verifier's sample otherwise), whether the
+        draft token was accepted or not: one Jacobi update of the draft (Fu et al. 2024).
+
+        Args:
+            draft: the draft tokens that were verified (length n).
+            targets: the target's token at each of those n positions.
+        """
+
     # ----------------------------------------------------------------- hooks
     def _on_start(self, req_id: str) -> None:
         """Called after the prompt is stored."""
