@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ def pytest_configure(config):
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
-            current_platform.register_triton_kernel_overrides()
+            with warnings.catch_warnings():  # vLLM's scan touches deprecated torch names
+                warnings.simplefilter("ignore")
+                current_platform.register_triton_kernel_overrides()
 
 
 def pytest_collection_modifyitems(config, items):
