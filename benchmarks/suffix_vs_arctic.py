@@ -107,6 +107,12 @@ class ArcticProposer(Proposer):
                                  use_tree_spec=True)
         return np.asarray(d.token_ids, np.int32), np.asarray(d.parents, np.int32)
 
+    def state_nbytes(self) -> int:
+        """Token buffers plus Arctic's estimate of its request trees (the global tree is
+        reported once per stream: estimating it walks the whole tree)."""
+        return super().state_nbytes() + sum(t.estimate_memory()
+                                            for t in self.cache._local_trees.values())
+
     def global_bytes(self) -> int:
         """Arctic's own estimate of its global tree's memory."""
         return self.cache._global_tree.estimate_memory()
@@ -169,11 +175,9 @@ def run_stream(requests: list[Request], k: int) -> dict[str, dict]:
         p = made[-1]
         if isinstance(p, SuffixProposer):
             g = p.global_cache
-            a["global_bytes_per_cached_token"] = g.nbytes / max(g.stored_tokens, 1)
-            a["global_nodes_per_cached_token"] = g.tree.num_nodes / max(g.stored_tokens, 1)
-        elif not tree_budget:  # every output is cached: cap 10000 > any stream
-            a["global_bytes_per_cached_token"] = p.global_bytes() / max(
-                sum(len(r.output) for r in requests), 1)
+            a["global"] = [g.nbytes, g.stored_tokens, g.tree.num_nodes]
+        elif not tree_budget:  # Arctic caches every output: its cap exceeds any stream
+            a["global"] = [p.global_bytes(), sum(len(r.output) for r in requests), None]
     return acc
 
 
@@ -189,18 +193,30 @@ def _timed_stop(p: Proposer, sink: list[float]):
     return timed
 
 
+def merge(total: dict, acc: dict) -> None:
+    """Add one stream's accumulators to a file's."""
+    for key, val in acc.items():
+        if key == "bytes":
+            total[key] = max(total.get(key, 0), val)
+        elif key == "global":
+            old = total.get(key, [0, 0, 0])
+            total[key] = [None if o is None or v is None else o + v for o, v in zip(old, val)]
+        else:
+            total[key] = total.get(key, type(val)()) + val
+
+
 def summarize(acc: dict) -> dict:
     us = np.concatenate(acc["us"]) if acc["us"] else np.zeros(0)
     out = {"output_tokens": acc["out"], "steps": acc["steps"],
-           "tau": acc["out"] / acc["steps"] if acc["steps"] else None}
-    if len(us):
-        out.update(us_median=float(np.median(us)), us_p99=float(np.percentile(us, 99)),
-                   stop_us_median=float(np.median(acc["stop_us"])),
-                   stop_us_per_step=float(np.sum(acc["stop_us"]) / acc["steps"]),
-                   state_bytes_peak=acc["bytes"])
-    for key in ("global_bytes_per_cached_token", "global_nodes_per_cached_token"):
-        if key in acc:
-            out[key] = acc[key]
+           "tau": acc["out"] / acc["steps"] if acc["steps"] else None,
+           "us_median": float(np.median(us)), "us_p99": float(np.percentile(us, 99)),
+           "stop_us_per_step": float(np.sum(acc["stop_us"]) / acc["steps"]),
+           "state_bytes_peak": acc["bytes"]}
+    if "global" in acc:
+        nbytes, tokens, nodes = acc["global"]
+        out["global_bytes_per_cached_token"] = nbytes / max(tokens, 1)
+        if nodes is not None:
+            out["global_nodes_per_cached_token"] = nodes / max(tokens, 1)
     return out
 
 
@@ -242,7 +258,8 @@ def main() -> None:
     ap.add_argument("--curve", action="store_true", help="also cost vs context length")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results/suffix_vs_arctic.json"))
     args = ap.parse_args()
-    report = {"k": args.k, "limit": args.limit, "machine": platform.processor() or platform.machine(),
+    report = {"k": args.k, "limit": args.limit,
+              "machine": platform.processor() or platform.machine(),
               "ours_defaults": _defaults(), "files": {}}
     for file in args.files.split(","):
         t0 = time.time()
@@ -252,13 +269,7 @@ def main() -> None:
             acc = run_stream(reqs, args.k)
             per_model[model] = {n: summarize(a) for n, a in acc.items()}
             for n, a in acc.items():
-                t = total.setdefault(n, {"out": 0, "steps": 0, "us": [], "stop_us": [],
-                                         "bytes": 0})
-                t["out"] += a["out"]
-                t["steps"] += a["steps"]
-                t["us"] += a["us"]
-                t["stop_us"] += a["stop_us"]
-                t["bytes"] = max(t["bytes"], a["bytes"])
+                merge(total.setdefault(n, {}), a)
         summary = {n: summarize(a) for n, a in total.items()}
         base = summary["arctic_vllm"]["tau"]
         for s in summary.values():
@@ -266,9 +277,11 @@ def main() -> None:
         report["files"][file] = {"all": summary, "per_model": per_model}
         print(f"{file} ({time.time() - t0:.0f} s)")
         for n, s in summary.items():
-            extra = (f"  {s['us_median']:6.1f} µs med  {s['us_p99']:7.1f} p99  "
-                     f"stop {s['stop_us_per_step']:5.1f} µs/step" if "us_median" in s else "")
-            print(f"  {n:18s} tau {s['tau']:.3f} ({s['tau_vs_arctic']:.3f}x){extra}", flush=True)
+            mem = (f"  {s['global_bytes_per_cached_token']:5.0f} B/cached token"
+                   if "global_bytes_per_cached_token" in s else "")
+            print(f"  {n:19s} tau {s['tau']:.3f} ({s['tau_vs_arctic']:.3f}x)  "
+                  f"{s['us_median']:5.1f} µs med {s['us_p99']:6.1f} p99  "
+                  f"stop {s['stop_us_per_step']:4.1f} µs/step{mem}", flush=True)
     if args.curve:
         report["context_curve"] = context_curve(args.k)
     out = Path(args.out)

@@ -250,12 +250,15 @@ def test_chain_draft_matches_reference(ops, depth, k, factor, min_prob, cap):
 
 
 def test_draft_continues_a_repeated_pattern():
-    p = build_proposer("suffix", num_speculative_tokens=4)
+    p = SuffixProposer(4, suffix_decoding_max_spec_factor=1.0)
     p.start_request("a", [7, 1, 2, 3, 4, 5, 6, 9, 1, 2, 3])
     assert p.propose(["a"]) == [[4, 5, 6]]  # match "1 2 3" (m = 3) caps the draft at 3
     assert p.propose(["a"], max_tokens=[2]) == [[4, 5]]
     p.update("a", [4, 5])
     assert p.propose(["a"]) == [[6, 9, 1, 2]]
+    q = build_proposer("suffix", num_speculative_tokens=4)  # defaults: factor 8
+    q.start_request("a", [7, 1, 2, 3, 4, 5, 6, 9, 1, 2, 3])
+    assert q.propose(["a"]) == [[4, 5, 6, 9]]
 
 
 def test_global_cache_drafts_from_finished_outputs():

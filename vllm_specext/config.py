@@ -105,9 +105,12 @@ class SuffixConfig(MethodConfig):
     them the same way (``fastdeploy/spec_decode/suffix.py``). Extra key:
     ``suffix_decoding_max_spec_offset`` (Arctic's ``max_spec_offset``).
 
-    Defaults were chosen by trace replay (``benchmarks/suffix_vs_arctic.py``, k = 8, the six
-    files of ``shared/traces``; the numbers are tau relative to Arctic at vLLM's defaults
-    24 / 10000 / 1.0 / 0.1): see each field.
+    Defaults were chosen by teacher-forced trace replay at k = 8 over the six files of
+    ``shared/traces`` (every third Spec-Bench and CodeQwen request, all of the others);
+    each field states its measurement against vLLM's value (24 / 10000 / 1.0 / 0.1).
+    With all defaults, tau relative to ArcticInference at vLLM's defaults on the full
+    files (``benchmarks/suffix_vs_arctic.py``): Spec-Bench 1.110x, CodeQwen 1.106x,
+    MT-Bench 1.075x, RAG 1.184x, CNN/DM 1.117x, OpenHands 1.153x.
     """
 
     METHOD: ClassVar[str] = "suffix"
@@ -123,12 +126,13 @@ class SuffixConfig(MethodConfig):
     suffix_decoding_max_spec_factor: float = Field(
         8.0, ge=0.0,
         description="a longest match of m tokens drafts at most int(m * factor + offset). "
-                    "8.0 (vs vLLM's 1.0): +10% (MT-Bench) to +18% (RAG) tau at k = 8; "
-                    "2.0 / 4.0 give about 45% / 80% of that gain with fewer drafted tokens")
+                    "8.0 (vs vLLM's 1.0) at k = 8: tau +7% (MT-Bench) to +17% (RAG), "
+                    "acceptance rate 0.30-0.52 -> 0.09-0.26; 2.0 / 4.0 give about half / "
+                    "85% of the tau gain")
     suffix_decoding_min_token_prob: float = Field(
         0.05, ge=0.0, le=1.0,
         description="stop drafting when the path probability (product of vote shares) falls "
-                    "below this. 0.05 (vs vLLM's 0.1): +0.2-0.6% tau; 0.0 adds < 0.1%")
+                    "below this. 0.05 (vs vLLM's 0.1): tau +0.2-0.6%; 0.0 adds <= 0.2%")
     suffix_decoding_max_spec_offset: float = Field(
         0.0, description="offset of the per-match draft cap (Arctic's max_spec_offset)")
 
@@ -185,13 +189,64 @@ class MemoryDecodingConfig(MethodConfig):
 
 
 class LookaheadConfig(MethodConfig):
-    """Jacobi-iteration n-gram pool (Fu et al., ICML 2024; MindIE ``la``)."""
+    """Jacobi-iteration n-gram pool (Fu et al., ICML 2024; MindIE ``la``) on vLLM's single
+    draft chain (see :mod:`vllm_specext.proposers.lookahead`).
+
+    MindIE's rule ``speculationGamma >= (level-1) * (window+guess_set_size)`` budgets the
+    paper's step, which verifies the whole 2-D window and G candidates at once. Here a step
+    verifies one chain holding either the W-token Jacobi window or pool continuations of
+    level-1 tokens (G candidates are kept, one is drafted), so the rule becomes
+    ``num_speculative_tokens >= max(window, level - 1)``. Omitted
+    ``num_speculative_tokens`` is ``max(window, level - 1)``; omitted ``window`` /
+    ``level`` with ``num_speculative_tokens`` given are MindIE's defaults clipped to fit it.
+    """
 
     METHOD: ClassVar[str] = "lookahead"
-    IMPLEMENTED: ClassVar[bool] = False
-    level: int = Field(4, ge=3, le=16)
-    window: int = Field(5, ge=1, le=16)
-    guess_set_size: int = Field(5, ge=1, le=16)
+    level: int = Field(4, ge=3, le=16, description="N: n-gram length (continuations and "
+                       "trajectories of N-1 tokens, keys of 1..N-1 tokens)")
+    window: int = Field(5, ge=1, le=16, description="W: Jacobi guesses per request, drafted "
+                        "when the pool has no continuation")
+    guess_set_size: int = Field(5, ge=1, le=16, description="G: continuations kept per key "
+                                "(most recent first; the most recent is drafted)")
+    shared_pool_size: int = Field(
+        0, ge=0, le=1 << 26, description="most continuations in a pool shared across "
+        "requests (Jacobi and output n-grams; 0: per-request pools only); two halves, the "
+        "older dropped when the newer fills; about 100 bytes per continuation at level 4")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_lengths(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+
+        def given(key):
+            v = data.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        k, w, n = given("num_speculative_tokens"), given("window"), given("level")
+        if data.get("num_speculative_tokens") is None:
+            w = 5 if data.get("window") is None else w
+            n = 4 if data.get("level") is None else n
+            if w is not None and n is not None:
+                data = {**data, "num_speculative_tokens": max(w, n - 1)}
+        elif k is not None:
+            if data.get("window") is None:
+                data = {**data, "window": min(5, max(k, 1))}
+            if data.get("level") is None:
+                data = {**data, "level": max(3, min(4, k + 1))}
+        return data
+
+    @model_validator(mode="after")
+    def _budget(self):
+        need = max(self.window, self.level - 1)
+        if self.num_speculative_tokens < need:
+            raise ValueError(
+                f"num_speculative_tokens ({self.num_speculative_tokens}) must be >= "
+                f"max(window ({self.window}), level - 1 ({self.level - 1})) = {need}: one "
+                f"step verifies the Jacobi window or a level-1 continuation (this replaces "
+                f"MindIE's speculationGamma >= (level-1)*(window+guess_set_size), see "
+                f"LookaheadConfig); omit num_speculative_tokens to derive it")
+        return self
 
 
 class MtpNgramConfig(NgramConfig):
