@@ -35,7 +35,7 @@ BAD = [
     ({"method": "memory_decoding", "max_nodes": 10}, "max_nodes"),
     ({"method": "mtp_ngram", "num_model_steps": 4, "num_speculative_tokens": 2},
      "num_model_steps"),
-    ({"method": "lookahead"}, "lookahead"),
+    ({"method": "lookahead", "level": 2}, "level"),
     ({"plugin_type": "mystery"}, "plugin_type"),
     ({"plugin_type": "memory_decoding", "method": "ngram"}, "plugin_type"),
     ({"method": "ngram", "mtp_strategy": "with_ngram"}, "mtp_strategy"),

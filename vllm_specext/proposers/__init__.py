@@ -17,6 +17,7 @@ PROPOSER_CLASSES: dict[str, str] = {
     "suffix": "vllm_specext.proposers.suffix:SuffixProposer",
     "mtp_ngram": "vllm_specext.proposers.mtp_ngram:engine_only",  # needs the engine
     "memory_decoding": "vllm_specext.proposers.memory_decoding:MemoryDecodingProposer",
+    "lookahead": "vllm_specext.proposers.lookahead:LookaheadProposer",
 }
 
 
