@@ -180,33 +180,16 @@ def _patch_runner_choice() -> None:
     VllmConfig._get_v2_model_runner_unsupported_features = unsupported
 
 
-def _patch_worker_base() -> None:
-    """Apply :func:`patch_runner` at the first worker construction (no runner import here)."""
-    from vllm.v1.worker.worker_base import WorkerBase
-
-    init = WorkerBase.__init__
-    if getattr(init, "_specext_mtp_wrapped", False):
-        return
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        patch_runner()
-        init(self, *args, **kwargs)
-
-    __init__._specext_mtp_wrapped = True
-    WorkerBase.__init__ = __init__
-
-
 def patch_mtp_hybrid() -> None:
     """Install ``mtp_ngram`` into vLLM (idempotent; call from the plugin's ``register()``).
 
-    Config side: sync scheduling and V1 for ``mtp_ngram`` engines. Worker side: the
-    runner hooks of :func:`patch_runner`, deferred to worker construction. Inert for
+    Config side: sync scheduling and V1 for ``mtp_ngram`` engines. The worker side,
+    :func:`patch_runner`, is applied with the other runner patches at worker
+    construction (:func:`vllm_specext.integration.runner.patch_worker_base`). Inert for
     every other speculative method.
     """
     _patch_engine_args()
     _patch_runner_choice()
-    _patch_worker_base()
 
 
 # ------------------------------------------------------------------ worker patches

@@ -82,7 +82,8 @@ def patch_model_runner() -> None:
 
 
 def patch_worker_base() -> None:
-    """Defer :func:`patch_model_runner` to the first worker construction (idempotent)."""
+    """Defer the runner patches (ours, ``mtp_ngram``'s, Ascend's) to the first worker
+    construction (idempotent)."""
     from vllm.v1.worker.worker_base import WorkerBase
 
     init = WorkerBase.__init__
@@ -91,9 +92,11 @@ def patch_worker_base() -> None:
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        patch_model_runner()
         from vllm_specext.integration.ascend import patch_ascend
+        from vllm_specext.integration.mtp_hybrid import patch_runner as patch_mtp_runner
 
+        patch_model_runner()
+        patch_mtp_runner()  # mtp_ngram's hooks; inert for other methods
         patch_ascend()  # vllm-ascend's NPUModelRunner; a no-op on other platforms
         init(self, *args, **kwargs)
 
