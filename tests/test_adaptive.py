@@ -75,3 +75,11 @@ def test_cost_model_prior_before_variation():
         m.observe(1, 0.05)  # only batch-1 plain steps seen: slope from the prior
     a, b = m.coefficients()
     assert b == pytest.approx(0.0005, rel=0.05) and a > 0.04
+
+
+def test_alpha_reaching_one_keeps_full_drafts():
+    c = DraftLengthController(k=8)
+    for _ in range(60):  # alpha converges to exactly 1.0 in floating point
+        d = c.trim(["r"], [list(range(8))], 0.05)[0]
+        c.observe("r", d + [99])
+    assert c.alpha("r") == 1.0 and c.length("r", 0.05) == 8

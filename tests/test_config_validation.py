@@ -118,3 +118,12 @@ def test_fastdeploy_spellings():
     _, ours = normalise({"method": "mtp", "mtp_strategy": "with_ngram", "num_model_steps": 1,
                          "num_speculative_tokens": 4})
     assert ours["method"] == "mtp_ngram"
+
+
+@pytest.mark.parametrize("spec,key", [
+    ({"method": "ngram", "use_builtin": "false"}, "use_builtin"),
+    ({"method": "memory_decoding", "use_builtin": True}, "use_builtin"),
+])
+def test_use_builtin_is_validated(spec, key):
+    with pytest.raises(SpecExtConfigError, match=key):
+        normalise(spec)

@@ -48,7 +48,7 @@ class DraftLengthController:
         self._shown: dict[str, int] = {}
 
     def alpha(self, req_id: str) -> float:
-        """Estimated per-token acceptance probability of ``req_id``, in (0, 1)."""
+        """Estimated per-token acceptance probability of ``req_id``, in [0, 1]."""
         if req_id not in self._trials:
             return self.prior_alpha
         return self._hits[req_id] / self._trials[req_id]
@@ -56,7 +56,7 @@ class DraftLengthController:
     def length(self, req_id: str, threshold: float) -> int:
         """Draft length for ``req_id``: the largest ``j <= k`` with ``alpha**j > threshold``."""
         a = self.alpha(req_id)
-        if threshold <= 0.0:
+        if threshold <= 0.0 or a >= 1.0:  # every draft so far accepted: alpha may reach 1
             return self.k
         if threshold >= 1.0 or a <= threshold:
             return 0

@@ -20,11 +20,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vllm_specext.config import (METHODS, MtpNgramConfig, VerifyConfig, resolve_aliases,
-                                 validate_config, validate_verify_config)
+from vllm_specext.config import (METHODS, MtpNgramConfig, SpecExtConfigError, VerifyConfig,
+                                 resolve_aliases, validate_config, validate_verify_config)
 
 ADAPTER_CLASS = "vllm_specext.integration.adapter.SpecExtProposer"
 ADDITIONAL_CONFIG_KEY = "vllm_specext"
+#: our methods that vLLM also implements (reachable with ``"use_builtin": true``)
+BUILTIN_TWINS = frozenset({"ngram", "suffix"})
 
 
 def normalise(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -44,6 +46,11 @@ def normalise(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | No
     spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
     spec = resolve_aliases(spec)  # MindIE plugin_type, FastDeploy mtp_strategy
     builtin = spec.pop("use_builtin", False)
+    if not isinstance(builtin, bool):
+        raise SpecExtConfigError(f"'use_builtin': got {builtin!r}; allowed: true or false")
+    if builtin and spec.get("method") not in BUILTIN_TWINS:
+        raise SpecExtConfigError(f"'use_builtin' applies to methods {sorted(BUILTIN_TWINS)} "
+                                 f"(vLLM's own implementations), not {spec.get('method')!r}")
     if builtin or spec.get("method") not in METHODS:  # vLLM's method, maybe our verify keys
         verify = {k: spec.pop(k) for k in VerifyConfig.KEYS & set(spec)}
         return spec, (validate_verify_config(verify).model_dump() if verify else None)
@@ -67,6 +74,11 @@ def patch_engine_args() -> None:
 
     @functools.wraps(original)
     def create_speculative_config(self, *args, **kwargs):
+        if self.speculative_config is not None and not isinstance(self.speculative_config, dict):
+            raise SpecExtConfigError(
+                "speculative_config must be a JSON object / dict such as "
+                f'{{"method": "ngram", "num_speculative_tokens": 8}}, got '
+                f"{type(self.speculative_config).__name__} {self.speculative_config!r}")
         if isinstance(self.speculative_config, dict):
             vllm_spec, specext = normalise(self.speculative_config)
             self.speculative_config = vllm_spec
