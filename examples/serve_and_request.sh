@@ -7,11 +7,15 @@
 set -euo pipefail
 CONFIG=${1:-$(dirname "$0")/configs/ngram.json}
 PORT=${PORT:-8000}
+[ -f "$CONFIG" ] || { echo "no such config file: $CONFIG" >&2; exit 2; }
 vllm-specext serve --host 127.0.0.1 --port "$PORT" --served-model-name smollm2 \
     --dtype float32 --enforce-eager --speculative-config "$(cat "$CONFIG")" &
 SERVER=$!
 trap 'kill $SERVER' EXIT
-until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do sleep 2; done
+until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
+    kill -0 $SERVER 2>/dev/null || { echo "the server exited (see its error above)" >&2; exit 1; }
+    sleep 2
+done
 curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' -d '{
   "model": "smollm2", "temperature": 0, "max_tokens": 64,
   "messages": [{"role": "user", "content": "Repeat exactly: one two three one two three"}]}'
