@@ -85,6 +85,10 @@ def patch_engine_args() -> None:
             if specext is not None:
                 self.additional_config = dict(self.additional_config or {})
                 self.additional_config[ADDITIONAL_CONFIG_KEY] = specext
+            if (specext or {}).get("method") == MtpNgramConfig.METHOD:
+                from vllm_specext.integration.mtp_hybrid import require_sync_v1
+
+                require_sync_v1(self)
         return original(self, *args, **kwargs)
 
     create_speculative_config._specext_wrapped = True

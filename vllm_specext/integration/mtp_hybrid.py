@@ -127,7 +127,7 @@ class MtpNgramHybrid:
 
 
 # ------------------------------------------------------------------ process-level patches
-def _require_sync_v1(engine_args: Any) -> None:
+def require_sync_v1(engine_args: Any) -> None:
     """Synchronous scheduling and the V1 runner for an ``mtp_ngram`` engine."""
     if engine_args.async_scheduling:
         raise SpecExtConfigError(
@@ -141,24 +141,6 @@ def _require_sync_v1(engine_args: Any) -> None:
         raise SpecExtConfigError(
             "speculative method 'mtp_ngram' hooks the V1 model runner; unset "
             "VLLM_USE_V2_MODEL_RUNNER")
-
-
-def _patch_engine_args() -> None:
-    from vllm.engine.arg_utils import EngineArgs
-
-    original = EngineArgs.create_speculative_config
-    if getattr(original, "_specext_mtp_wrapped", False):
-        return
-
-    @functools.wraps(original)
-    def create_speculative_config(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)  # the front door fills additional_config
-        if mtp_ngram_config(self) is not None:
-            _require_sync_v1(self)
-        return result
-
-    create_speculative_config._specext_mtp_wrapped = True
-    EngineArgs.create_speculative_config = create_speculative_config
 
 
 def _patch_runner_choice() -> None:
@@ -183,12 +165,12 @@ def _patch_runner_choice() -> None:
 def patch_mtp_hybrid() -> None:
     """Install ``mtp_ngram`` into vLLM (idempotent; call from the plugin's ``register()``).
 
-    Config side: sync scheduling and V1 for ``mtp_ngram`` engines. The worker side,
+    Config side: V1 for ``mtp_ngram`` engines (sync scheduling is required by the config
+    front door through :func:`require_sync_v1`). The worker side,
     :func:`patch_runner`, is applied with the other runner patches at worker
     construction (:func:`vllm_specext.integration.runner.patch_worker_base`). Inert for
     every other speculative method.
     """
-    _patch_engine_args()
     _patch_runner_choice()
 
 
