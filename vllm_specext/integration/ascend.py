@@ -15,9 +15,15 @@ rejection sampler. :func:`patch_npu_model_runner` keeps vllm_specext in charge:
 * **Call shape.** ``NPUModelRunner.propose_draft_token_ids`` dispatches with
   ``isinstance``. Our drafter class derives from ``(SpecExtProposer, AscendNgramProposer)``
   so it takes the n-gram branch, ``propose(num_spec_tokens_to_schedule, sampled_token_ids,
-  num_tokens_no_spec, token_ids_cpu)``; drafts are cut to ``num_spec_tokens_to_schedule``.
-  ``NgramProposer.__init__`` (numba warm-up, ``[max_num_seqs, K]`` buffers) never runs;
-  ``dummy_run`` (called on any drafter by ``_dummy_run``) and ``load_model`` are no-ops.
+  num_tokens_no_spec, token_ids_cpu)``, which ``SpecExtProposer.propose`` takes as is
+  (drafts capped to the budget). ``NgramProposer.__init__`` (numba warm-up,
+  ``[max_num_seqs, K]`` buffers) never runs; ``dummy_run`` (called on any drafter by
+  ``_dummy_run``) and ``load_model`` are no-ops.
+* **mtp_ngram.** vllm-ascend's MTP drafter is left in place;
+  :func:`~vllm_specext.integration.mtp_hybrid.patch_propose` wraps
+  ``NPUModelRunner.propose_draft_token_ids`` (which never calls vLLM's) so that its MTP
+  branch hands ``drafter._propose(num_speculative_tokens=min(m, K))``; vllm-ascend's
+  ``take_draft_token_ids`` calls vLLM's, where mtp_hybrid extends the drafts to ``K``.
 * **Verification.** ``AscendRejectionSampler.forward`` calls vllm-ascend's module-level
   ``rejection_sample(..., ori_target_logits=...)`` (its logits parameter is
   ``target_logits_or_tuple`` up to vllm-ascend 0.29), and vllm-ascend's worker patch
@@ -31,26 +37,31 @@ rejection sampler. :func:`patch_npu_model_runner` keeps vllm_specext in charge:
   :func:`cover_rejection_sample` adds a front that drops ``ori_target_logits`` (read only
   by vllm-ascend's entropy verify) and unpacks ``(logits, None)`` tuples, so our kernel
   runs. vllm-ascend's ``forward`` keeps bonus sampling, ``prepare_sampling``, penalties,
-  bad words, temperature/top-k/top-p and logprobs.
+  bad words, temperature/top-k/top-p and logprobs. The 310P sampler
+  (``AscendRejectionSampler310``, in a module without ``rejection_sample``) delegates to
+  ``AscendRejectionSampler.forward``; the hook finds that module through the class
+  hierarchy (:func:`~vllm_specext.integration.verify_hook.rejection_module`).
 
 Use: install vllm-ascend and vllm-specext in one environment; :func:`patch_ascend` is
-called from the worker (``WorkerBase.__init__``). ``VLLM_PLUGINS``, when set, filters
-platform plugins too, so it must list vllm-ascend's plugins with ours, e.g.
-``VLLM_PLUGINS=ascend,ascend_kv_connector,ascend_model_loader,ascend_service_profiling,
-ascend_model,vllm_specext`` (or leave it unset to load all installed plugins).
+called from the worker (``WorkerBase.__init__``), :func:`check_engine_args` from the
+config front door, :func:`warn_missing_ascend_plugins` from ``register()``.
+``VLLM_PLUGINS``, when set, filters platform plugins too, so it must list vllm-ascend's
+plugins with ours, e.g. ``VLLM_PLUGINS=ascend,ascend_kv_connector,ascend_model_loader,
+ascend_service_profiling,ascend_model,vllm_specext`` (or leave it unset to load all
+installed plugins); a warning names the missing ones.
 
 Versions (feature-detected, not by version number): vllm-ascend 0.24 to 0.30 and main
 (main tracks vLLM 0.27.x and vLLM main; 0.30 tracks vLLM 0.30): ``NPUModelRunner.
-_get_drafter``, the n-gram ``propose`` with a leading ``num_speculative_tokens``, and a
+_get_drafter``, the n-gram ``propose`` with a leading ``num_speculative_tokens``, a
+``propose_draft_token_ids`` with a ``scheduler_output`` parameter (``mtp_ngram``), and a
 ``rejection_sample`` with ``ori_target_logits``. vllm-ascend 0.23 calls
 ``propose(sampled_token_ids)`` only and is refused with a clear error.
 
-Limits: vllm-ascend's own verification modes (``enable_reduce_sample``,
-``rejection_sampler_config.enable_block_verify`` / ``enable_entropy_verify``) cannot be
-combined with our verify hook (SpecExtConfigError). The opt-in V2 NPU runner is not
-patched. On the 310P runner, drafting works but a verify strategy other than
-``standard``/``normal`` fails at start-up (its sampler's ``forward`` lives in a module
-without ``rejection_sample``, which ``install_verify`` rejects).
+Limits (each refused with an error naming the setting): vllm-ascend's own verification
+modes (``enable_reduce_sample``, ``rejection_sampler_config.enable_block_verify`` /
+``enable_entropy_verify``) together with our verify hook; the V2 NPU runner
+(``VLLM_USE_V2_MODEL_RUNNER=1``), where vllm_specext cannot be reached; ``mtp_ngram`` with
+pipeline parallelism.
 """
 from __future__ import annotations
 
@@ -58,9 +69,9 @@ import functools
 import importlib.util
 import inspect
 import logging
+import os
+from importlib.metadata import entry_points
 from typing import Any
-
-import numpy as np
 
 from vllm_specext.config import SpecExtConfigError
 from vllm_specext.integration.adapter import SpecExtProposer
@@ -72,6 +83,8 @@ _ASCEND_LOGITS = "target_logits_or_tuple"  # vllm-ascend <= 0.29's name of targe
 _VLLM_LOGITS = "target_logits"
 _RAW_LOGITS = "ori_target_logits"  # only read by vllm-ascend's entropy verify
 _DRAFT_BUDGET = "num_speculative_tokens"  # first parameter of the n-gram propose
+_V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+_PLUGIN_GROUPS = ("vllm.platform_plugins", "vllm.general_plugins")
 _REJECTION_MODULES = ("vllm.v1.sample.rejection_sampler", "vllm_ascend.sample.rejection_sampler")
 
 
@@ -101,6 +114,87 @@ def patch_ascend() -> bool:
     return True
 
 
+def check_engine_args(engine_args: Any, specext: dict[str, Any]) -> None:
+    """Refuse, at config time, what vllm_specext cannot run on Ascend (no-op elsewhere).
+
+    Called by the config front door for every config that carries vllm_specext settings
+    (a method of ours, or our verify keys with a vLLM method).
+
+    Args:
+        engine_args: vLLM's ``EngineArgs`` (``pipeline_parallel_size`` is read).
+        specext: the validated ``additional_config["vllm_specext"]`` dict.
+
+    Raises:
+        SpecExtConfigError: ``VLLM_USE_V2_MODEL_RUNNER`` set: vllm-ascend then builds its
+            V2 runner (``vllm_ascend.worker.v2``), whose ``init_speculator`` knows only its
+            model-based speculators (MTP, EAGLE, DFlash, DSpark) and whose sampler our
+            verify hook does not reach. Or ``mtp_ngram`` with pipeline parallelism:
+            vllm-ascend then sends drafts in the step output, past
+            ``take_draft_token_ids`` where the n-gram extension runs.
+    """
+    if not ascend_platform_active():
+        return
+    import vllm.envs as envs
+
+    if getattr(envs, _V2_ENV, None):
+        raise SpecExtConfigError(
+            f"{_V2_ENV} is set: vllm-ascend's V2 NPU model runner has no hook for vllm_specext "
+            "(it builds only its own MTP/EAGLE/DFlash/DSpark speculators, and our verify "
+            f"strategies need the V1 sampler); unset {_V2_ENV} (or set it to 0) to use "
+            "vllm-ascend's V1 NPUModelRunner")
+    if specext.get("method") == "mtp_ngram" and \
+            (getattr(engine_args, "pipeline_parallel_size", 1) or 1) > 1:
+        raise SpecExtConfigError(
+            "speculative method 'mtp_ngram' on Ascend needs pipeline_parallel_size=1 "
+            "(with pipeline parallelism vllm-ascend returns the MTP drafts in the step "
+            "output, before the n-gram extension runs); got pipeline_parallel_size="
+            f"{engine_args.pipeline_parallel_size}")
+
+
+def missing_ascend_plugins(allowed: list[str] | None = None) -> list[str]:
+    """vllm-ascend's vLLM plugins that ``VLLM_PLUGINS`` leaves out.
+
+    ``VLLM_PLUGINS`` filters platform plugins as well as general ones, so a list that
+    names ``vllm_specext`` but not ``ascend`` starts vLLM without its Ascend platform.
+
+    Args:
+        allowed: the ``VLLM_PLUGINS`` names (default: the environment variable split at
+            commas, as vLLM does; unset means every plugin loads).
+
+    Returns:
+        Sorted entry-point names of the installed vllm-ascend (groups
+        ``vllm.platform_plugins`` and ``vllm.general_plugins``) missing from ``allowed``;
+        ``[]`` when ``VLLM_PLUGINS`` is unset or vllm-ascend is not installed.
+    """
+    if allowed is None:
+        env = os.environ.get("VLLM_PLUGINS")
+        if env is None:
+            return []
+        allowed = env.split(",")
+    names = {ep.name for group in _PLUGIN_GROUPS for ep in entry_points(group=group)
+             if ep.module.split(".")[0] == "vllm_ascend"}
+    return sorted(names - set(allowed))
+
+
+def warn_missing_ascend_plugins() -> list[str]:
+    """Log a warning naming the vllm-ascend plugins ``VLLM_PLUGINS`` leaves out (see
+    :func:`missing_ascend_plugins`); called from the plugin's ``register()``.
+
+    Returns:
+        The missing plugin names (``[]``: nothing logged).
+    """
+    missing = missing_ascend_plugins()
+    if missing:
+        listed = os.environ["VLLM_PLUGINS"]
+        logger.warning(
+            "vllm_specext: VLLM_PLUGINS=%s leaves out vllm-ascend's plugin(s) %s. "
+            "VLLM_PLUGINS filters platform plugins too: without 'ascend' vLLM does not run "
+            "on Ascend (and vllm_specext cannot hook its NPU runner). List them as well, "
+            "e.g. VLLM_PLUGINS=%s, or unset VLLM_PLUGINS", listed, ",".join(missing),
+            ",".join([*missing, *(n for n in listed.split(",") if n)]))
+    return missing
+
+
 def routes_to_specext(vllm_config: Any) -> bool:
     """True when vLLM's speculative config is the front door's ``custom_class`` pointing
     at :class:`SpecExtProposer` (so the drafter must be ours)."""
@@ -115,7 +209,9 @@ def ascend_proposer_class() -> type:
     vllm-ascend's ``isinstance(drafter, AscendNgramProposer)`` routing.
 
     Constructed as ``cls(vllm_config, runner)`` (``SpecExtProposer.__init__``; the
-    n-gram base's ``__init__`` never runs).
+    n-gram base's ``__init__`` never runs). The n-gram branch's call
+    ``propose(num_spec_tokens_to_schedule, sampled, num_tokens_no_spec, token_ids_cpu)``
+    goes to ``SpecExtProposer.propose``, which caps drafts to that budget.
 
     Raises:
         RuntimeError: a vllm-ascend whose n-gram ``propose`` does not take the draft
@@ -130,29 +226,22 @@ def ascend_proposer_class() -> type:
             f"; vllm_specext needs the call with a leading {_DRAFT_BUDGET!r} "
             "(vllm-ascend >= 0.24)")
 
-    def propose(self, *args: Any, **kwargs: Any) -> list[list[int]]:
-        """``SpecExtProposer.propose``, each draft cut to ``num_speculative_tokens``
-        (the scheduler's ``num_spec_tokens_to_schedule``, <= K under dynamic K)."""
-        budget = kwargs.pop(_DRAFT_BUDGET, None)
-        if budget is None and args and isinstance(args[0], (int, np.integer)):
-            budget, args = args[0], args[1:]
-        drafts = SpecExtProposer.propose(self, *args, **kwargs)
-        if budget is None or budget >= self.k:
-            return drafts
-        return [d[:budget] for d in drafts]
-
     doc = ("SpecExtProposer for vllm-ascend's NPUModelRunner (an AscendNgramProposer for "
            "its isinstance dispatch; built by vllm_specext.integration.ascend).")
     return type("SpecExtAscendProposer", (SpecExtProposer, AscendNgramProposer),
-                {"__module__": __name__, "__doc__": doc, "propose": propose})
+                {"__module__": __name__, "__doc__": doc})
 
 
 def patch_npu_model_runner(cls: type) -> None:
-    """Wrap ``cls._get_drafter``, ``cls.__init__`` and ``cls.load_model`` once (idempotent).
+    """Wrap ``cls._get_drafter``, ``cls.__init__``, ``cls.load_model`` and, for
+    ``mtp_ngram``, ``cls.propose_draft_token_ids`` once (idempotent).
 
     Args:
         cls: vllm-ascend's ``NPUModelRunner`` (or a subclass defining these methods).
     """
+    from vllm_specext.integration.mtp_hybrid import patch_propose
+
+    patch_propose(cls)  # False (no scheduler_output): mtp_hybrid refuses mtp_ngram there
     get_drafter = getattr(cls, "_get_drafter", None)
     if get_drafter is None:
         logger.warning("vllm_specext: this vllm-ascend's %s has no _get_drafter(); "
@@ -198,10 +287,11 @@ def finish_runner(runner: Any) -> None:
     Raises:
         SpecExtConfigError: a verify hook together with one of vllm-ascend's own
             verification modes in ``additional_config``.
-        RuntimeError: from ``install_verify``, for a sampler whose module has no
-            compatible ``rejection_sample``.
+        RuntimeError: from ``install_verify``, for a sampler whose ``forward`` reaches
+            no compatible ``rejection_sample`` (the 310P sampler's ``forward`` reaches
+            ``AscendRejectionSampler``'s through ``super()``, so it is supported).
     """
-    from vllm_specext.integration.verify_hook import install_verify
+    from vllm_specext.integration.verify_hook import install_verify, rejection_module
 
     hook = getattr(runner, "specext_verify_hook", None)
     sampler = getattr(runner, "rejection_sampler", None)
@@ -218,7 +308,7 @@ def finish_runner(runner: Any) -> None:
                              top_p=hook.spec.top_p,
                              allow_request_override=hook.allow_request_override)
         new.keep_target_tokens = hook.keep_target_tokens
-        cover_rejection_sample(inspect.getmodule(type(sampler).forward))
+        cover_rejection_sample(rejection_module(sampler))
         runner._specext_hooked_sampler = sampler
     drafter = getattr(runner, "drafter", None)
     if isinstance(drafter, SpecExtProposer):

@@ -83,6 +83,9 @@ def patch_engine_args() -> None:
             vllm_spec, specext = normalise(self.speculative_config)
             self.speculative_config = vllm_spec
             if specext is not None:
+                from vllm_specext.integration.ascend import check_engine_args
+
+                check_engine_args(self, specext)  # V2 runner, mtp_ngram + PP on Ascend
                 self.additional_config = dict(self.additional_config or {})
                 self.additional_config[ADDITIONAL_CONFIG_KEY] = specext
             if (specext or {}).get("method") == MtpNgramConfig.METHOD:

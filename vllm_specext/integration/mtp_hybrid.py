@@ -23,7 +23,14 @@ Worker (the V1 ``GPUModelRunner``, which the CPU runner subclasses):
   drafts; the V1 scheduler, rejection sampler and the MTP drafter's padded first pass
   handle per-request draft counts.
 * ``_update_states``: finished requests leave the n-gram index.
-* ``__init__``: attach the state; install the configured verify strategy.
+* ``__init__``: attach the state; install the configured verify strategy. A runner
+  whose ``propose_draft_token_ids`` is not hooked is refused here.
+
+On Ascend, vllm-ascend's ``NPUModelRunner`` overrides ``propose_draft_token_ids`` (with
+``scheduler_output`` third) and never calls vLLM's; :mod:`vllm_specext.integration.ascend`
+applies :func:`patch_propose` to it. Its ``take_draft_token_ids`` and ``_update_states``
+call vLLM's, so the other hooks apply unchanged (vllm-ascend's dynamic-K cut then applies
+to the extended drafts).
 
 An exception in the extension never reaches the engine: that step keeps the MTP drafts,
 the error is logged once, and the batch's requests are resynced.
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -42,6 +50,7 @@ from vllm_specext.integration.engine_config import ADDITIONAL_CONFIG_KEY
 logger = logging.getLogger(__name__)
 
 _STATE_ATTR = "specext_mtp_ngram"
+_WRAPPED = "_specext_mtp_wrapped"
 
 
 def vllm_speculative_config(cfg: Any) -> dict[str, Any]:
@@ -80,6 +89,7 @@ class MtpNgramHybrid:
         self.num_model_steps = self.core.num_model_steps
         self.max_model_len = int(max_model_len)
         self.step_tokens = self.core.num_speculative_tokens  # K of the latest step
+        self.in_propose = False  # inside a hooked propose_draft_token_ids
         self._error_logged = False
 
     def model_tokens(self, num_spec_tokens_to_schedule: int) -> int:
@@ -187,13 +197,59 @@ def _attach(runner: Any) -> None:
     if spec is None or spec.method != "mtp":
         raise RuntimeError(f"vllm_specext mtp_ngram expects vLLM's 'mtp' drafter, got "
                            f"{getattr(spec, 'method', None)!r}")
+    if not getattr(type(runner).propose_draft_token_ids, _WRAPPED, False):
+        raise RuntimeError(
+            f"vllm_specext mtp_ngram: {type(runner).__qualname__}.propose_draft_token_ids "
+            "is not hooked (a runner that overrides it without a 'scheduler_output' "
+            "parameter); this runner cannot run mtp_ngram")
     setattr(runner, _STATE_ATTR,
             MtpNgramHybrid(cfg, runner.vllm_config.model_config.max_model_len))
     if cfg.get("verify_strategy", "standard") != "standard" or \
             cfg.get("accept_policy", "normal") != "normal":
         from vllm_specext.integration.verify_hook import install_verify
 
-        install_verify(runner, cfg["verify_strategy"], cfg["accept_policy"])
+        install_verify(runner, cfg["verify_strategy"], cfg["accept_policy"],
+                       top_p=cfg.get("verify_top_p", 0.9))
+
+
+def patch_propose(cls: type) -> bool:
+    """Wrap ``cls.propose_draft_token_ids`` so that an ``mtp_ngram`` runner's MTP drafter
+    drafts ``min(m, K)`` tokens (idempotent per class).
+
+    ``scheduler_output.num_spec_tokens_to_schedule`` is lowered for the call and restored
+    after it. ``scheduler_output`` is found by name: vLLM passes it first, vllm-ascend's
+    ``NPUModelRunner`` third (its MTP branch hands the value to ``drafter._propose``).
+    Re-entrant: an override that calls ``super()`` is lowered once.
+
+    Returns:
+        False when the method has no ``scheduler_output`` parameter (left unwrapped;
+        :func:`_attach` then refuses ``mtp_ngram`` on that runner).
+    """
+    propose = cls.propose_draft_token_ids
+    if getattr(cls.__dict__.get("propose_draft_token_ids"), _WRAPPED, False):
+        return True
+    sig = inspect.signature(propose)
+    if "scheduler_output" not in sig.parameters:
+        return False
+
+    @functools.wraps(propose)
+    def propose_draft_token_ids(self, *args, **kwargs):
+        state = _state(self)
+        if state is None or state.in_propose:
+            return propose(self, *args, **kwargs)
+        scheduler_output = sig.bind(self, *args, **kwargs).arguments["scheduler_output"]
+        budget = scheduler_output.num_spec_tokens_to_schedule
+        scheduler_output.num_spec_tokens_to_schedule = state.model_tokens(budget)
+        state.in_propose = True
+        try:
+            return propose(self, *args, **kwargs)
+        finally:
+            state.in_propose = False
+            scheduler_output.num_spec_tokens_to_schedule = budget
+
+    setattr(propose_draft_token_ids, _WRAPPED, True)
+    cls.propose_draft_token_ids = propose_draft_token_ids
+    return True
 
 
 def patch_runner() -> None:
@@ -205,7 +261,6 @@ def patch_runner() -> None:
         return
     init = GPUModelRunner.__init__
     update_states = GPUModelRunner._update_states
-    propose = GPUModelRunner.propose_draft_token_ids
     take = GPUModelRunner.take_draft_token_ids
 
     @functools.wraps(init)
@@ -220,18 +275,6 @@ def patch_runner() -> None:
             state.finish(scheduler_output.finished_req_ids)
         return update_states(self, scheduler_output, *args, **kwargs)
 
-    @functools.wraps(propose)
-    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
-        state = _state(self)
-        if state is None:
-            return propose(self, scheduler_output, *args, **kwargs)
-        budget = scheduler_output.num_spec_tokens_to_schedule
-        scheduler_output.num_spec_tokens_to_schedule = state.model_tokens(budget)
-        try:
-            return propose(self, scheduler_output, *args, **kwargs)
-        finally:
-            scheduler_output.num_spec_tokens_to_schedule = budget
-
     @functools.wraps(take)
     def take_draft_token_ids(self):
         out = take(self)
@@ -244,5 +287,5 @@ def patch_runner() -> None:
     take_draft_token_ids._specext_mtp_wrapped = True
     GPUModelRunner.__init__ = __init__
     GPUModelRunner._update_states = _update_states
-    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
     GPUModelRunner.take_draft_token_ids = take_draft_token_ids
+    patch_propose(GPUModelRunner)

