@@ -18,11 +18,13 @@ Configurations:
   (``propose_tree`` with k / 4k nodes, branches <= k deep), accepted along the longest
   matching root path (tree verification).
 
-Per configuration: tau (output tokens / steps), proposer µs per step (``propose`` +
-``update``, median / p99), µs in ``stop_request`` per step, peak bytes of proposer state
-and bytes of the global tree per token it holds (ours: arrays allocated; Arctic: its own
-``estimate_memory``). ``--curve`` adds per-step cost against context
-length (1k .. 64k tokens).
+Per configuration: tau (output tokens / steps), wasted draft tokens per step (drafted -
+accepted: verification work a longer draft costs the engine, which replay's tau does not
+charge), proposer µs per step (``propose`` + ``update``, median / p99), µs in
+``stop_request`` per step, peak bytes of proposer state and bytes of the global tree per
+token it holds (ours: arrays allocated; Arctic: its own ``estimate_memory``), and for ours
+the learned local weight at the end of each stream. ``--curve`` adds per-step cost
+against context length (1k .. 64k tokens).
 
 Usage: python benchmarks/suffix_vs_arctic.py [--limit 100] [--files a,b] [--curve]
        [--out benchmarks/results/suffix_vs_arctic.json]
@@ -170,12 +172,15 @@ def run_stream(requests: list[Request], k: int) -> dict[str, dict]:
         res = replay(requests, make, k, tree_budget=tree_budget)
         a = acc[name] = {"out": sum(r.output_tokens for r in res),
                          "steps": sum(r.steps for r in res),
+                         "drafted": sum(r.drafted for r in res),
+                         "accepted": sum(r.accepted for r in res),
                          "us": [r.step_us for r in res], "stop_us": stop_us,
                          "bytes": max(r.state_bytes for r in res)}
         p = made[-1]
         if isinstance(p, SuffixProposer):
             g = p.global_cache
             a["global"] = [g.nbytes, g.stored_tokens, g.tree.num_nodes]
+            a["local_weight"] = [p.local_weight]
         elif not tree_budget:  # Arctic caches every output: its cap exceeds any stream
             a["global"] = [p.global_bytes(), sum(len(r.output) for r in requests), None]
     return acc
@@ -209,9 +214,13 @@ def summarize(acc: dict) -> dict:
     us = np.concatenate(acc["us"]) if acc["us"] else np.zeros(0)
     out = {"output_tokens": acc["out"], "steps": acc["steps"],
            "tau": acc["out"] / acc["steps"] if acc["steps"] else None,
+           "wasted_per_step": (acc["drafted"] - acc["accepted"]) / max(acc["steps"], 1),
+           "acceptance_rate": acc["accepted"] / max(acc["drafted"], 1),
            "us_median": float(np.median(us)), "us_p99": float(np.percentile(us, 99)),
            "stop_us_per_step": float(np.sum(acc["stop_us"]) / acc["steps"]),
            "state_bytes_peak": acc["bytes"]}
+    if "local_weight" in acc:
+        out["local_weight_final"] = acc["local_weight"]  # per stream
     if "global" in acc:
         nbytes, tokens, nodes = acc["global"]
         out["global_bytes_per_cached_token"] = nbytes / max(tokens, 1)
@@ -280,6 +289,7 @@ def main() -> None:
             mem = (f"  {s['global_bytes_per_cached_token']:5.0f} B/cached token"
                    if "global_bytes_per_cached_token" in s else "")
             print(f"  {n:19s} tau {s['tau']:.3f} ({s['tau_vs_arctic']:.3f}x)  "
+                  f"wasted {s['wasted_per_step']:4.2f}/step  "
                   f"{s['us_median']:5.1f} µs med {s['us_p99']:6.1f} p99  "
                   f"stop {s['stop_us_per_step']:4.1f} µs/step{mem}", flush=True)
     if args.curve:

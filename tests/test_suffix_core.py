@@ -86,12 +86,14 @@ class Voters:
                 self.voters.append((1, s, sup))
         self.longest = max((len(s) for _, s, _ in self.voters), default=0)
 
-    def tally(self):
+    def tally(self, lw=1.0):
+        """Votes per next token, request-tree voters weighted ``lw``."""
         votes = {}
         for tree, s, sup in self.voters:
             for p, c in self.counts[tree].items():
                 if len(p) == len(s) + 1 and p[:-1] == s:
-                    votes[p[-1]] = votes.get(p[-1], 0.0) + c / (sup + SX.ALPHA)
+                    w = (lw if tree == 0 else 1.0) / (sup + SX.ALPHA)
+                    votes[p[-1]] = votes.get(p[-1], 0.0) + c * w
         return votes
 
     def advance(self, t):
@@ -99,14 +101,14 @@ class Voters:
                        for tree, s, _ in self.voters if self.counts[tree][s + (t,)] > 0]
 
 
-def check_chain(draft, ctx, output_len, glob, depth, k, factor, min_prob):
-    """``draft`` follows the top vote at every step (any of tied tokens) and stops
-    exactly where the reference stops."""
+def check_chain(draft, ctx, output_len, glob, depth, k, factor, min_prob, lw):
+    """``draft`` follows the top vote (local weight ``lw``) at every step (any of tied
+    tokens) and stops exactly where the reference stops."""
     v = Voters(ctx, output_len, glob, depth)
     budget = max(0, min(k, int(np.float32(v.longest) * np.float32(factor) + 1e-6)))
     prob = 1.0
     for step in range(budget + 1):
-        votes = v.tally() if v.voters else {}
+        votes = v.tally(lw) if v.voters else {}
         if step == budget or not votes:
             assert len(draft) == step
             return
@@ -246,7 +248,8 @@ def test_chain_draft_matches_reference(ops, depth, k, factor, min_prob, cap):
             own = len(outputs[r]) if cap != 0 else 0
             draft = p.propose([r])[0]
             assert len(draft) <= k
-            check_chain(draft, prompts[r] + outputs[r], own, glob, depth, k, factor, min_prob)
+            check_chain(draft, prompts[r] + outputs[r], own, glob, depth, k, factor, min_prob,
+                        p.local_weight)
 
 
 def test_draft_continues_a_repeated_pattern():
@@ -268,6 +271,29 @@ def test_global_cache_drafts_from_finished_outputs():
     p.stop_request("a", finished=True)
     p.start_request("b", [2, 10, 11, 12])
     assert p.propose(["b"]) == [[13, 14, 15]]
+
+
+def test_local_weight_follows_the_tree_that_predicts():
+    """The request tree says 1 -> 2, the global tree 1 -> 3: the local weight rises while
+    2 follows, falls while 3 follows, and stays within its bound."""
+    p = SuffixProposer(4, 8, -1)
+    p.start_request("g", [0])
+    p.update("g", [1, 3] * 20)
+    p.stop_request("g")
+    p.start_request("a", [1, 2, 5, 1, 2, 5])
+    assert p.local_weight == 1.0
+    p.update("a", [1])  # no vote before this update: nothing learned
+    assert p.local_weight == 1.0
+    for _ in range(20):
+        p.propose(["a"])
+        p.update("a", [2, 5, 1])
+    high = p.local_weight
+    assert high > 1.0
+    for _ in range(400):
+        p.propose(["a"])
+        p.update("a", [3, 1])
+    assert np.exp(-SX.LOG_LOCAL_WEIGHT_BOUND) - 1e-9 <= p.local_weight < high
+    assert p.local_weight < 1.0
 
 
 @SETTINGS
