@@ -137,15 +137,17 @@ class SpecExtProposer:
 
         Returns:
             ``{"method", "num_errors", "active_requests": sorted ids the proposer tracks,
-            "tables": {"<owner>.<attribute>": entries} for every dict attribute of the
-            proposer and the adaptive controller, "request_keys": entries of those dicts
-            added since construction (per-request state; fixed keys such as counters'
-            names excluded)}``; with no request in flight ``active_requests`` and
+            "state_bytes": the proposer's ``state_nbytes()``, "tables":
+            {"<owner>.<attribute>": entries} for every dict attribute of the proposer and
+            the adaptive controller, "request_keys": entries of those dicts added since
+            construction (per-request state; fixed keys such as counters' names
+            excluded)}``; with no request in flight ``active_requests`` and
             ``request_keys`` must be empty / 0.
         """
         tables = self._tables()
         return {"method": self.method, "num_errors": self.num_errors,
                 "active_requests": sorted(self.proposer.active_requests),
+                "state_bytes": self.proposer.state_nbytes(),
                 "tables": {name: len(d) for name, d in tables.items()},
                 "request_keys": sum(len(d.keys() - self._initial_keys.get(name, set()))
                                     for name, d in tables.items())}

@@ -21,6 +21,11 @@ the count travels through files:
 With ``PROMETHEUS_MULTIPROC_DIR`` set (several API servers) ``/metrics`` reads only
 prometheus' multiprocess files, so the worker also increments a ``prometheus_client``
 counter, which multiprocess mode writes there.
+
+Offline, ``LLM.get_metrics()`` lists only ``vllm:`` names: read
+:func:`proposer_errors_total` (or ``REGISTRY``) instead. A process started by a process
+that already loaded the plugin shares its directory (and count) unless
+``VLLM_SPECEXT_METRICS_DIR`` is removed from its environment.
 """
 from __future__ import annotations
 
@@ -60,15 +65,20 @@ def install() -> None:
 
 
 def record_proposer_error() -> None:
-    """Count one absorbed proposer exception in this process (worker side)."""
+    """Count one absorbed proposer exception in this process (worker side). Never
+    raises for a missing or unwritable directory (it runs inside the drafter's error
+    path): the count then stays in this process."""
     global _count, _prom_counter
     _count += 1
     path = os.environ.get(ENV)
     if path and os.path.isdir(path):
         tmp = os.path.join(path, f".{_PREFIX}{os.getpid()}")
-        with open(tmp, "w") as f:
-            f.write(str(_count))
-        os.replace(tmp, os.path.join(path, f"{_PREFIX}{os.getpid()}"))
+        try:
+            with open(tmp, "w") as f:
+                f.write(str(_count))
+            os.replace(tmp, os.path.join(path, f"{_PREFIX}{os.getpid()}"))
+        except OSError:
+            pass
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import Counter
 
