@@ -17,8 +17,11 @@ bonus token; :func:`vllm_specext.replay.simulate.replay`), at k = 8 and 16:
   along the longest matching root-to-leaf path.
 
 Per step time = ``propose`` + ``update`` (PIA: ``one_get``/``hier_get`` + ``stream_put``),
-µs, median and p99. Also measured: the time to start a request with a 32k-token prompt
-and draft once (ours; PIA ``put``), and trie bytes per node / per counted token.
+µs, median and p99. ``start_request`` + ``stop_request`` are timed too (PIA ``put`` of
+the prompt and the final ``stream_put``; ours counts a finished request in its trie at
+stop, not per step): µs per request and, with the step times, µs per step amortized.
+Also measured: the time to start a request with a 32k-token prompt and draft once
+(ours; PIA ``put``), and trie bytes per node / per counted token.
 
 PIA's code is not part of this project: pass the path of its ``lookahead_cache.py``
 from a checkout outside the repository (``--pia``); it is loaded by file path.
@@ -154,15 +157,41 @@ def replay_tree(requests, make, k, budget):
     return tokens, us
 
 
-def summarize(results) -> dict:
+def timed_lifecycle(p: Proposer, sink: list[int]) -> Proposer:
+    """Add the ns spent in ``p.start_request`` / ``p.stop_request`` to ``sink[0]`` /
+    ``sink[1]`` (wraps the bound methods of this instance)."""
+    start, stop = p.start_request, p.stop_request
+
+    def start_request(req_id, prompt_token_ids):
+        t0 = time.perf_counter_ns()
+        start(req_id, prompt_token_ids)
+        sink[0] += time.perf_counter_ns() - t0
+
+    def stop_request(req_id, finished=True):
+        t0 = time.perf_counter_ns()
+        stop(req_id, finished)
+        sink[1] += time.perf_counter_ns() - t0
+
+    p.start_request, p.stop_request = start_request, stop_request
+    return p
+
+
+def summarize(results, lifecycle_ns: list[int]) -> dict:
+    """Tau, draft counts and step times of one mode; ``lifecycle_ns``: total ns in
+    start_request / stop_request over the same requests."""
     us = np.concatenate([r.step_us for r in results])
     steps = sum(r.steps for r in results)
     out_tokens = sum(r.output_tokens for r in results)
     drafted = sum(r.drafted for r in results)
     accepted = sum(r.accepted for r in results)
+    n = max(len(results), 1)
     return {"tau": out_tokens / max(steps, 1), "steps": steps, "drafted": drafted,
             "accepted": accepted, "wasted": drafted - accepted,
-            "us_median": float(np.median(us)), "us_p99": float(np.percentile(us, 99))}
+            "us_median": float(np.median(us)), "us_p99": float(np.percentile(us, 99)),
+            "start_us_per_request": lifecycle_ns[0] / 1e3 / n,
+            "stop_us_per_request": lifecycle_ns[1] / 1e3 / n,
+            "us_per_step_amortized": (float(us.sum()) + sum(lifecycle_ns) / 1e3)
+            / max(steps, 1)}
 
 
 def prompt_insertion(requests: list[Request], pia_cls, n_tokens: int = 32768,
@@ -216,6 +245,7 @@ def run_file(path: Path, pia_cls, limit, ks, budget, cache, modes) -> dict:
         row: dict = {}
         for mode in modes:
             results, tree_steps, tree_tokens, tree_us = [], 0, 0, []
+            lifecycle = [0, 0]
             for s in streams:
                 make = _maker(mode, k, pia_cls, pia_stop_words(by_name[s.tokenizer]))
                 if mode.endswith("_tree"):
@@ -224,16 +254,25 @@ def run_file(path: Path, pia_cls, limit, ks, budget, cache, modes) -> dict:
                     tree_tokens += tokens
                     tree_us += us
                 else:
-                    results += replay(s.requests, make, k)
+                    sinks: list[list[int]] = []  # one per proposer made; the last replays
+
+                    def timed_make(make=make, sinks=sinks):
+                        sinks.append([0, 0])
+                        return timed_lifecycle(make(), sinks[-1])
+
+                    results += replay(s.requests, timed_make, k)
+                    lifecycle = [a + b for a, b in zip(lifecycle, sinks[-1])]
             if mode.endswith("_tree"):
                 row[mode] = {"tau": tree_tokens / max(tree_steps, 1), "budget": budget,
                              "max_depth": k, "us_median": float(np.median(tree_us)),
                              "us_p99": float(np.percentile(tree_us, 99))}
             else:
-                row[mode] = summarize(results)
+                row[mode] = summarize(results, lifecycle)
         if "ours" in row and "pia" in row:
             row["tau_ratio_vs_pia"] = row["ours"]["tau"] / row["pia"]["tau"]
             row["speedup_vs_pia_median"] = row["pia"]["us_median"] / row["ours"]["us_median"]
+            row["speedup_vs_pia_amortized"] = (row["pia"]["us_per_step_amortized"]
+                                               / row["ours"]["us_per_step_amortized"])
         if "ours_tree" in row and "pia_tree" in row:
             row["tree_tau_ratio_vs_pia"] = row["ours_tree"]["tau"] / row["pia_tree"]["tau"]
         if "ours_dynamic" in row and "ours" in row:
@@ -246,20 +285,21 @@ def run_file(path: Path, pia_cls, limit, ks, budget, cache, modes) -> dict:
 
 
 def memory_use(streams, k: int) -> dict:
-    """Trie size after counting every output of the file (first tokenizer stream),
-    and the per-request state bytes per context token of the longest request."""
+    """Trie size after counting every request of the file (first tokenizer stream;
+    the trie counts outputs and the prompts' last ``branch_length - 1`` tokens), and
+    the per-request state bytes per context token of the longest request."""
     p = MemoryDecodingProposer(k)
-    counted, per_token = 0, 0.0
+    per_token = 0.0
     for r in streams[0].requests:
         p.start_request(r.key, r.prompt)
         p.update(r.key, list(r.output))
         p.propose([r.key])
         per_token = max(per_token, p.state[r.key].nbytes / len(p.tokens[r.key]))
         p.stop_request(r.key)
-        counted += len(r.output)
+    counted = p.trie.count(())
     return {"trie_nodes": p.trie.num_nodes, "trie_bytes": p.trie.nbytes,
             "trie_bytes_per_node_of_capacity": p.trie.nbytes / int(p.trie.arena[1]),
-            "counted_output_tokens": counted,
+            "trie_prunes": p.trie.num_prunes, "counted_tokens": counted,
             "trie_bytes_per_counted_token": p.trie.nbytes / max(counted, 1),
             "request_state_bytes_per_context_token_max": per_token}
 
@@ -297,8 +337,9 @@ def main() -> None:
         for k in args.k:
             row = res[f"k{k}"]
             print(f"{f.name} k={k}: " + "  ".join(
-                f"{m} tau {row[m]['tau']:.3f} {row[m]['us_median']:.1f}us" for m in modes),
-                f"ratio {row.get('tau_ratio_vs_pia', float('nan')):.3f}", flush=True)
+                f"{m} tau {row[m]['tau']:.3f} {row[m]['us_median']:.2f}us" for m in modes),
+                f"ratio {row.get('tau_ratio_vs_pia', float('nan')):.3f}",
+                f"speedup {row.get('speedup_vs_pia_median', float('nan')):.1f}", flush=True)
         print(f"  ({time.time() - t0:.0f} s)", flush=True)
         if first_reqs is None:
             first_reqs = load_streams(f, TOKENIZER_RULES, (), args.limit, cache)[0].requests

@@ -1,6 +1,7 @@
 """Unit tests of the memory_decoding core: the shared frequency trie against a
-brute-force n-gram counter, the per-request context index, drafting, bounded memory
-and config errors. No timing assertions."""
+brute-force n-gram counter (counts, best children, longest-suffix lookup, pruning,
+renumbering), the per-request context index, drafting, bounded memory and config
+errors. No timing assertions."""
 from __future__ import annotations
 
 from collections import Counter
@@ -13,9 +14,9 @@ from hypothesis import strategies as st
 from vllm_specext.config import SpecExtConfigError, validate_config
 from vllm_specext.proposers import build_proposer
 from vllm_specext.proposers.memory_decoding import (H_PTR, MemoryDecodingProposer,
-                                                     _local_match)
-from vllm_specext.proposers.memory_trie import (BEST, CNT, PARENT, ROOT, STAMP,
-                                                FrequencyTrie)
+                                                     _local_match, _stats_size)
+from vllm_specext.proposers.memory_trie import (BEST, BYTES_PER_NODE, CNT, PARENT, ROOT,
+                                                STAMP, FrequencyTrie, match)
 
 seqs = st.lists(st.integers(0, 5), min_size=0, max_size=60)
 
@@ -44,24 +45,14 @@ def all_ngrams(trie):
     return out
 
 
-def feed(trie, s, chunks):
-    """Feed stream s to the trie in the given chunk sizes (streaming insertion)."""
-    win, stamp = trie.new_window(), trie.tick()
-    arr = np.asarray(s, dtype=np.int32)
-    pos = 0
-    for c in chunks:
-        trie.extend(win, arr, pos, min(len(s), pos + c), stamp)
-        pos = min(len(s), pos + c)
-    trie.extend(win, arr, pos, len(s), stamp)
-
-
 @settings(max_examples=60, deadline=None)
-@given(st.lists(seqs, min_size=1, max_size=5), st.integers(2, 6),
-       st.lists(st.integers(1, 7), max_size=10))
-def test_trie_counts_match_brute_force(streams, depth, chunks):
+@given(st.lists(seqs, min_size=1, max_size=5), st.integers(2, 6), st.integers(0, 1))
+def test_trie_counts_match_brute_force(streams, depth, big):
     trie = FrequencyTrie(branch_length=depth, max_nodes=1 << 16)
+    if big:  # grow the arena (a renumbering) along the way
+        streams = streams + [list(np.arange(800) % 97)]
     for s in streams:
-        feed(trie, s, chunks)
+        trie.insert(s)
     expect = brute_counts(streams, depth)
     got = all_ngrams(trie)
     assert {g: c for g, (c, _) in got.items()} == dict(expect)
@@ -74,18 +65,40 @@ def test_trie_counts_match_brute_force(streams, depth, chunks):
             assert kids[int(nodes[nodes[node, BEST], 0])] == max(kids.values())
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(seqs, min_size=1, max_size=5), st.integers(2, 6),
+       st.lists(st.integers(0, 5), min_size=1, max_size=12), st.integers(1, 8))
+def test_match_finds_the_longest_suffix_with_continuations(streams, depth, ctx, max_q):
+    trie = FrequencyTrie(branch_length=depth, max_nodes=1 << 16)
+    for s in streams:
+        trie.insert(s)
+    expect = brute_counts(streams, depth)
+    arr = np.asarray(ctx, dtype=np.int32)
+    for cut in range(len(ctx) + 1):  # the suffix split between ctx and ext
+        node, q = match(trie.arena, arr, 0, cut, arr, cut, len(ctx) - cut, max_q)
+        best = 0
+        for m in range(1, min(max_q, len(ctx)) + 1):
+            g = tuple(ctx[len(ctx) - m:])
+            if expect.get(g) and any(g + (t,) in expect for t in range(6)):
+                best = m
+        assert q == best
+        if q:
+            assert trie.nodes[node, CNT] == expect[tuple(ctx[len(ctx) - q:])]
+        else:
+            assert node == -1
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(seqs, min_size=1, max_size=6), st.integers(2, 5), st.integers(1, 40),
        st.sampled_from(["frequency", "age"]))
 def test_prune_keeps_best_prefix_closed_set(streams, depth, target, eviction):
     trie = FrequencyTrie(branch_length=depth, max_nodes=1 << 16, eviction=eviction)
     for s in streams:
-        feed(trie, s, [5])
+        trie.insert(s)
     before = all_ngrams(trie)
-    remap = trie.prune(target)
+    trie.prune(target)
     after = all_ngrams(trie)
     assert trie.num_nodes <= max(target, 1)
-    assert len(remap) == len(before) + 1
     for g, (c, stamp) in after.items():
         assert g[:-1] in after or len(g) == 1  # closed under prefixes
         c0, s0 = before[g]
@@ -111,9 +124,8 @@ def test_local_match_is_a_verified_latest_occurrence(tokens, orders, ptr):
     p.propose(["r"])
     rs = p.state["r"]
     rs[H_PTR] = ptr
-    ctx = p.tokens["r"].storage
     L = len(tokens)
-    n, j, jn = _local_match(rs, ctx, L)
+    n, j, jn = _local_match(rs, L)
     # brute force: longest suffix (<= orders, < L) that occurred earlier
     best = 0
     for m in range(1, min(orders, L - 1) + 1):
@@ -179,6 +191,7 @@ def test_dynamic_algo_shortens_drafts_after_rejections():
 
 def test_memory_stays_bounded_after_10000_requests():
     p = MemoryDecodingProposer(8, max_nodes=4096, insert_prompt=True)
+    extra = _stats_size(p._k, p.max_query_length) + 16  # statistics, alignment
     rng = np.random.default_rng(2)
     peak = 0
     for i in range(10_000):
@@ -191,7 +204,7 @@ def test_memory_stays_bounded_after_10000_requests():
         peak = max(peak, p.trie.num_nodes)
     assert peak <= 4096
     assert p.trie.num_prunes > 0
-    assert p.trie.nbytes <= 36 * 4096 + 1024
+    assert p.trie.nbytes <= BYTES_PER_NODE * 4096 + 4 * extra + 64
     assert not p.state and not p.tokens
 
 
@@ -201,11 +214,45 @@ def test_long_prompt_and_long_update_are_counted_in_chunks():
     prompt = rng.integers(0, 1000, 40_000).tolist()
     p.start_request("r", prompt)
     p.propose(["r"])
-    p.update("r", rng.integers(0, 1000, 3000).tolist())  # > max_nodes / 4 new nodes
+    out = rng.integers(0, 1000, 3000).tolist()
+    p.update("r", out)  # past the state's capacity: the state array grows
+    assert p.tokens["r"].view().tolist() == prompt + out
     assert len(p.propose(["r"])[0]) <= 8
-    assert p.trie.num_nodes <= 2048
-    p.stop_request("r", finished=False)
+    p.update("r", [7, 8])
+    assert p.tokens["r"].view()[-3:].tolist() == [out[-1], 7, 8]
+    p.stop_request("r")  # > max_nodes / 4 new nodes: counted in chunks, pruned
+    assert 0 < p.trie.num_nodes <= 2048
     p.stop_request("r")  # unknown ids are ignored
+
+
+def test_only_finished_requests_are_counted_and_statistics_survive_growth():
+    p = MemoryDecodingProposer(8, max_nodes=1 << 16)
+    p.start_request("a", [1, 2, 3])
+    p.update("a", [4, 5, 6])
+    p.stop_request("a", finished=False)  # aborted or preempted: not counted
+    assert p.trie.num_nodes == 1
+    p.start_request("a", [1, 2, 1, 2])
+    assert p.propose(["a"]) == [[1, 2, 1, 2, 1, 2, 1, 2]]  # a copy of the context
+    p.update("a", [1, 2, 3])
+    p.stop_request("a")  # counted: the prompt's last branch_length - 1 tokens + output
+    assert p.trie.count(()) == 7 and p.trie.count((2, 1, 2)) == 2
+    stats = p.trie.extra.copy()
+    assert stats.any()  # the copy candidate was scored
+    p.trie.insert(np.arange(20_000) % 5003)  # grows and renumbers the arena
+    assert (p.trie.extra == stats).all()
+
+
+def test_trie_draft_follows_an_accepted_draft():
+    p = MemoryDecodingProposer(8)
+    p.start_request("a", [9])
+    p.update("a", [40, 41, 42, 43, 44, 45, 46, 47, 48, 49])
+    p.stop_request("a")
+    p.start_request("b", [70, 71, 40, 41])
+    assert p.propose(["b"]) == [[42, 43, 44, 45, 46, 47, 48, 49]]
+    p.update("b", [42, 43, 44])  # two accepted, bonus = the trie's next token
+    assert p.propose(["b"]) == [[45, 46, 47, 48, 49]]
+    p.update("b", [45, 99])  # one accepted, bonus off the trie
+    assert p.propose(["b"]) == [[]]
 
 
 def test_request_id_reuse_resets_state():
