@@ -3,8 +3,9 @@
 Engine runs (vLLM on the default model, greedy, batch 1: each workload's first
 ``--prompts`` chats sent one at a time, a fresh engine per configuration, prefix caching
 off; :func:`e2e.run_benchmark`): ``none``, then for each k ``ngram_k{k}`` (our ``ngram`` at
-its defaults, adaptive drafting on) and ``lookahead_k{k}`` (its defaults: adaptive off,
-level and window derived from k, see ``LookaheadConfig``), plus any ``--extra NAME=JSON``
+its defaults, adaptive drafting on) and ``lookahead_k{k}`` (its defaults but adaptive off, so
+that every step drafts the Jacobi window and the feedback's share is measured; level and
+window derived from k, see ``LookaheadConfig``), plus any ``--extra NAME=JSON``
 configurations.
 
 Lower bound without Jacobi feedback: the ``none`` outputs are replayed
@@ -54,7 +55,8 @@ def configurations(ks: list[int], extra: list[str]) -> dict[str, dict | None]:
     configs: dict[str, dict | None] = {"none": None}
     for k in ks:
         configs[f"ngram_k{k}"] = {"method": "ngram", "num_speculative_tokens": k}
-        configs[f"lookahead_k{k}"] = {"method": "lookahead", "num_speculative_tokens": k}
+        configs[f"lookahead_k{k}"] = {"method": "lookahead", "num_speculative_tokens": k,
+                                      "adaptive": False}
     for item in extra:
         name, sep, spec = item.partition("=")
         if not sep:
