@@ -62,8 +62,9 @@ def test_cost_model_recovers_linear_step_time():
     for _ in range(400):
         n = rng.randint(1, 80)
         m.observe(n, 0.040 + 0.002 * n + rng.gauss(0, 0.001))
-    a, b = m.coefficients()
+    a, b, c = m.coefficients()
     assert a == pytest.approx(0.040, rel=0.1) and b == pytest.approx(0.002, rel=0.1)
+    assert c == pytest.approx(0.0, abs=0.002)  # no speculative step seen: prior c = 0
     # 8 decoding rows: a draft token must be emitted with p > b*8/T(8)
     assert m.threshold(8) == pytest.approx(0.002 * 8 / (0.040 + 0.016), rel=0.15)
 
@@ -73,8 +74,8 @@ def test_cost_model_prior_before_variation():
     assert m.threshold(4) == 0.0  # nothing measured: draft
     for _ in range(50):
         m.observe(1, 0.05)  # only batch-1 plain steps seen: slope from the prior
-    a, b = m.coefficients()
-    assert b == pytest.approx(0.0005, rel=0.05) and a > 0.04
+    a, b, c = m.coefficients()
+    assert b == pytest.approx(0.0005, rel=0.05) and a > 0.04 and c == 0.0
 
 
 def test_alpha_reaching_one_keeps_full_drafts():
@@ -83,3 +84,39 @@ def test_alpha_reaching_one_keeps_full_drafts():
         d = c.trim(["r"], [list(range(8))], 0.05)[0]
         c.observe("r", d + [99])
     assert c.alpha("r") == 1.0 and c.length("r", 0.05) == 8
+
+
+def test_cost_model_separates_fixed_cost_of_speculative_steps():
+    m = StepCostModel()
+    rng = random.Random(1)
+    for _ in range(600):
+        spec = rng.random() < 0.5
+        n = 8 + (rng.randint(1, 24) if spec else rng.choice([0, 0, 0, 300]))
+        m.observe(n, 0.020 + 0.0007 * n + (0.0015 if spec else 0.0) + rng.gauss(0, 0.0003), spec)
+    a, b, c = m.coefficients()
+    assert a == pytest.approx(0.020, rel=0.05) and b == pytest.approx(0.0007, rel=0.05)
+    assert c == pytest.approx(0.0015, rel=0.2)
+
+
+def test_pays_off_weighs_expected_tokens_against_marginal_and_fixed_cost():
+    m = StepCostModel()
+    for i in range(400):  # T = 20 ms + 1 ms/token + 2 ms when speculative
+        spec = i % 2 == 1
+        n = 8 + (i % 7 if spec else 0)
+        m.observe(n, 0.020 + 0.001 * n + (0.002 if spec else 0.0), spec)
+    # 8 rows, T(8) = 28 ms; one draft token costs 1 + 2 ms: needs E > 8 * 3 / 28 = 0.86
+    assert not m.pays_off(8, expected_accepted=0.8, draft_tokens=1)
+    assert m.pays_off(8, expected_accepted=0.9, draft_tokens=1)
+    assert not m.pays_off(8, expected_accepted=5.0, draft_tokens=0)
+    assert StepCostModel().pays_off(8, 0.1, 1)  # nothing measured yet: draft
+
+
+def test_expected_accepted_and_withhold_keep_shadow_drafts():
+    c = DraftLengthController(k=4, prior_alpha=0.5)
+    assert c.expected_accepted("r", 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    shown = c.trim(["r"], [[1, 2, 3, 4]], 0.1)
+    assert shown == [[1, 2, 3]]
+    assert c.withhold(["r"]) == [[]]
+    before = c.alpha("r")
+    c.observe("r", [1, 2, 3, 4, 5][:1])  # no draft shown: one committed token, shadow hit
+    assert c.alpha("r") > before

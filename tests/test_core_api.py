@@ -111,3 +111,15 @@ def test_naive_never_drafts():
     p = build_proposer("naive", num_speculative_tokens=3)
     p.start_request("r", [1, 1, 1, 1])
     assert p.propose(["r"]) == [[]]
+
+
+@pytest.mark.parametrize("method", ["ngram", "naive", "suffix", "memory_decoding", "lookahead"])
+def test_warm_up_leaves_no_request_behind(method):
+    from vllm_specext.config import validate_config
+    from vllm_specext.proposers.base import warm_up
+
+    p = build_proposer(**validate_config({"method": method, "num_speculative_tokens": K}).model_dump())
+    warm_up(p)
+    assert p.active_requests == set()
+    p.start_request("r", [1, 2, 3, 1, 2, 3])  # still usable afterwards
+    _valid(p.propose(["r"]), ["r"])

@@ -8,21 +8,26 @@ Two measured quantities decide it:
   count as verified; when a request gets no draft, the full draft the proposer *would*
   have made is still compared with the tokens that are then committed ("shadow"
   drafts), so a request whose acceptance returns recovers.
-* **Cost per draft token** (:class:`StepCostModel`): an online, exponentially
-  forgetting least-squares fit of the target's step time ``T(n) = a + b·n`` over the
-  number of tokens ``n`` scheduled in the step, measured in the running engine (CPU,
-  GPU or NPU alike).
+* **Cost of drafting** (:class:`StepCostModel`): an online, exponentially forgetting
+  least-squares fit of the target's step time ``T = a + b·n + c·s`` over the number of
+  tokens ``n`` scheduled in the step and whether it verified drafts at all (``s``; a
+  step without drafts takes vLLM's plain sampling path), measured in the running engine
+  (CPU, GPU or NPU alike).
 
 A draft token at depth ``j`` pays off when its chance of being emitted, ``alpha**j``,
 beats its marginal cost relative to the tokens the step already produces:
 ``alpha**j > b · rows / T(rows)`` (throughput ``(rows + accepted) / T(rows + drafts)``
 grows iff that holds). So each request drafts ``L = max{j <= k : alpha**j > threshold}``
-tokens — zero when speculation does not pay.
+tokens — zero when speculation does not pay. Then the batch as a whole drafts only if
+the expected accepted tokens also pay for ``c``
+(:meth:`StepCostModel.pays_off`); otherwise the step runs plain.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+import numpy as np
 
 
 class DraftLengthController:
@@ -83,6 +88,20 @@ class DraftLengthController:
             out.append(draft[:n])
         return out
 
+    def expected_accepted(self, req_id: str, length: int) -> float:
+        """Expected accepted tokens of a ``length``-token draft of ``req_id``:
+        ``sum(alpha**j for j in 1..length)`` (geometric acceptance)."""
+        a = self.alpha(req_id)
+        return float(length) if a >= 1.0 else a * (1.0 - a ** length) / (1.0 - a)
+
+    def withhold(self, req_ids: Sequence[str]) -> list[list[int]]:
+        """Show no draft this step (the full drafts from :meth:`trim` stay as shadow
+        drafts); returns one empty draft per request."""
+        for rid in req_ids:
+            if rid in self._shown:
+                self._shown[rid] = 0
+        return [[] for _ in req_ids]
+
     def observe(self, req_id: str, committed: Sequence[int]) -> None:
         """Score the last draft of ``req_id`` against the tokens committed after it.
 
@@ -117,58 +136,90 @@ class DraftLengthController:
 
 
 class StepCostModel:
-    """Online fit of the target's step time ``T(n) = a + b·n`` (n = scheduled tokens).
+    """Online fit of the target's step time ``T = a + b·n + c·s``.
 
-    Exponentially weighted least squares with a ridge prior that pulls the slope
-    towards ``prior_slope_ratio`` x the mean step time until the observed token counts
-    vary enough to measure it.
+    ``n`` is the number of tokens scheduled in the step and ``s`` is 1 when the step
+    verified draft tokens (the speculative path: spec-decode metadata, the rejection
+    sampler) and 0 for a plain step, so ``c`` (seconds) is the fixed price of drafting
+    at all in a step. Exponentially weighted least squares with ridge priors: the slope
+    is pulled towards ``prior_slope_ratio`` x the mean step time and ``c`` towards 0
+    until the observations vary enough to measure them.
 
     Args:
         decay: weight kept per observation, in (0, 1).
         prior_slope_ratio: prior b/a (0.01: one extra token costs 1% of a step, what a
             memory-bound GPU step looks like).
-        prior_weight: strength of the prior, in squared tokens.
+        prior_weight: strength of the slope prior, in squared tokens.
+        fixed_prior_weight: strength of the ``c = 0`` prior, in steps.
     """
 
     def __init__(self, decay: float = 0.99, prior_slope_ratio: float = 0.01,
-                 prior_weight: float = 4.0):
+                 prior_weight: float = 4.0, fixed_prior_weight: float = 1.0):
         self.decay = decay
         self.prior_slope_ratio = prior_slope_ratio
         self.prior_weight = prior_weight
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self.fixed_prior_weight = fixed_prior_weight
+        self._xx = np.zeros((3, 3))  # decayed sum of x x^T, x = (1, n, s)
+        self._xy = np.zeros(3)  # decayed sum of x T
+        self._fit: tuple[float, float, float] | None = None  # cached coefficients
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """Add one step: ``tokens`` scheduled tokens took ``seconds``."""
-        d = self.decay
-        self._w = self._w * d + 1.0
-        self._x = self._x * d + tokens
-        self._y = self._y * d + seconds
-        self._xx = self._xx * d + tokens * tokens
-        self._xy = self._xy * d + tokens * seconds
+    def observe(self, tokens: int, seconds: float, speculative: bool = False) -> None:
+        """Add one step: ``tokens`` scheduled tokens took ``seconds``; ``speculative``:
+        the step verified draft tokens."""
+        x = np.array([1.0, float(tokens), 1.0 if speculative else 0.0])
+        self._xx *= self.decay
+        self._xy *= self.decay
+        self._xx += np.outer(x, x)
+        self._xy += x * seconds
+        self._fit = None
 
     @property
     def fitted(self) -> bool:
-        return self._w > 0
+        """Whether any step has been observed."""
+        return bool(self._xx[0, 0] > 0)
 
-    def coefficients(self) -> tuple[float, float]:
-        """``(a, b)`` in seconds and seconds per token; ``(0, 0)`` before any step."""
-        if not self._w:
-            return 0.0, 0.0
-        mx, my = self._x / self._w, self._y / self._w
-        var = self._xx / self._w - mx * mx
-        cov = self._xy / self._w - mx * my
-        lam = self.prior_weight / self._w
-        prior_b = self.prior_slope_ratio * my  # ridge towards b = ratio x mean step time
-        b = max(0.0, (cov + lam * prior_b) / (var + lam))
-        a = max(my - b * mx, 1e-9)
-        return a, b
+    def coefficients(self) -> tuple[float, float, float]:
+        """``(a, b, c)``: seconds, seconds per token, seconds; zeros before any step."""
+        if not self.fitted:
+            return 0.0, 0.0, 0.0
+        if self._fit is None:
+            self._fit = self._solve()
+        return self._fit
+
+    def _solve(self) -> tuple[float, float, float]:
+        mean_step = self._xy[0] / self._xx[0, 0]
+        ridge = np.diag([0.0, self.prior_weight, self.fixed_prior_weight])
+        target = np.array([0.0, self.prior_weight * self.prior_slope_ratio * mean_step, 0.0])
+        a, b, c = np.linalg.lstsq(self._xx + ridge, self._xy + target, rcond=None)[0]
+        b, c = max(0.0, float(b)), max(0.0, float(c))
+        n_mean = self._xx[0, 1] / self._xx[0, 0]
+        s_mean = self._xx[0, 2] / self._xx[0, 0]
+        a = max(float(mean_step - b * n_mean - c * s_mean), 1e-9)  # refit after clipping
+        return a, b, c
 
     def threshold(self, rows: int) -> float:
         """Emission probability a draft token must beat when ``rows`` requests decode.
 
-        Returns ``b · rows / T(rows)``; 0 (draft everything) before the first step.
+        Returns ``b · rows / T(rows)`` with ``T(rows) = a + b·rows`` (a plain step); 0
+        (draft everything) before the first step.
         """
-        a, b = self.coefficients()
+        a, b, _ = self.coefficients()
         if rows <= 0 or not self.fitted:
             return 0.0
         return b * rows / (a + b * rows)
+
+    def pays_off(self, rows: int, expected_accepted: float, draft_tokens: int) -> bool:
+        """Whether drafting this step raises throughput: ``(rows + E) / (T(rows) + b·D + c)
+        > rows / T(rows)``, i.e. ``E · T(rows) > rows · (b·D + c)``.
+
+        Args:
+            rows: requests decoding this step.
+            expected_accepted: ``E``, expected accepted draft tokens over the batch.
+            draft_tokens: ``D``, draft tokens that would be verified.
+        """
+        if draft_tokens <= 0:
+            return False
+        if not self.fitted:
+            return True
+        a, b, c = self.coefficients()
+        return expected_accepted * (a + b * rows) > rows * (b * draft_tokens + c)

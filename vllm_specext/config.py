@@ -64,7 +64,7 @@ class MethodConfig(VerifyConfig):
                            "measured acceptance and the measured cost of a draft token")
     adaptive_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description="fixed emission probability a draft token must "
-        "beat; None = measured online from the step-time cost model")
+        "beat, with no batch-level check; None = measured online from the step-time cost model")
     adaptive_decay: float = Field(0.8, gt=0.0, lt=1.0,
                                   description="weight of acceptance history per observation")
 

@@ -33,6 +33,7 @@ from vllm_specext.adaptive import DraftLengthController, StepCostModel
 from vllm_specext.integration.engine_config import ADDITIONAL_CONFIG_KEY
 from vllm_specext.integration.metrics import record_proposer_error
 from vllm_specext.proposers import build_proposer
+from vllm_specext.proposers.base import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class SpecExtProposer:
                            if self.config.get("adaptive", True) else None)
         self.fixed_threshold = self.config.get("adaptive_threshold")
         self.cost_model = StepCostModel()
-        self._step: tuple[float, int] | None = None  # (start time, scheduled tokens)
+        self._step: tuple[float, int, bool] | None = None  # (start, tokens, drafted)
         self._initial_keys = {name: set(d) for name, d in self._tables().items()}  # debug_state
 
     # ------------------------------------------------------------- runner hooks
@@ -118,7 +119,8 @@ class SpecExtProposer:
         for rid in scheduler_output.finished_req_ids:
             self._stop(rid, finished=True)
         tokens = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
-        self._step = (time.perf_counter(), tokens) if tokens else None
+        drafted = bool(getattr(scheduler_output, "scheduled_spec_decode_tokens", None))
+        self._step = (time.perf_counter(), tokens, drafted) if tokens else None
 
     def _stop(self, req_id: str, finished: bool) -> None:
         self.proposer.stop_request(req_id, finished=finished)
@@ -152,9 +154,15 @@ class SpecExtProposer:
                 "request_keys": sum(len(d.keys() - self._initial_keys.get(name, set()))
                                     for name, d in tables.items())}
 
-    # vLLM calls these on drafters; a model-free drafter has nothing to load or warm up.
+    # vLLM calls these on drafters.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """No weights to load (called unconditionally by the CPU runner)."""
+        """No weights to load (called unconditionally by the CPU runner); runs a throwaway
+        copy of the proposer once so that its compiled kernels are loaded before the first
+        request instead of during it (up to ~0.6 s of a first step)."""
+        try:
+            warm_up(build_proposer(**self.config))
+        except Exception:  # a warm-up failure must not stop the engine from serving
+            logger.exception("vllm_specext %s proposer warm-up failed", self.method)
 
     def dummy_run(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to warm up."""
@@ -194,8 +202,8 @@ class SpecExtProposer:
             return [[] for _ in range(num_rows)]
         req_ids = self.runner.input_batch.req_ids[:num_rows]
         if self._step is not None:  # the step that just ran: model time vs tokens
-            start, tokens = self._step
-            self.cost_model.observe(tokens, time.perf_counter() - start)
+            start, tokens, drafted = self._step
+            self.cost_model.observe(tokens, time.perf_counter() - start, drafted)
             self._step = None
         try:
             caps = [min(c, budget) for c in self._sync(req_ids, sampled, num_tokens, token_ids)]
@@ -205,9 +213,14 @@ class SpecExtProposer:
             if self.controller is None:
                 return drafts
             rows = sum(1 for c in caps if c > 0)
-            threshold = (self.fixed_threshold if self.fixed_threshold is not None
-                         else self.cost_model.threshold(rows))
-            return self.controller.trim(req_ids, drafts, threshold)
+            if self.fixed_threshold is not None:
+                return self.controller.trim(req_ids, drafts, self.fixed_threshold)
+            drafts = self.controller.trim(req_ids, drafts, self.cost_model.threshold(rows))
+            expected = sum(self.controller.expected_accepted(rid, len(d))
+                           for rid, d in zip(req_ids, drafts) if d)
+            if self.cost_model.pays_off(rows, expected, sum(map(len, drafts))):
+                return drafts
+            return self.controller.withhold(req_ids)
         except Exception as err:  # never take the engine down: no drafts this step
             self.num_errors += 1
             record_proposer_error()

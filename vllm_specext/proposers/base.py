@@ -185,3 +185,26 @@ class Proposer(ABC):
     def state_nbytes(self) -> int:
         """Bytes held by this proposer's state (token buffers plus subclass state)."""
         return sum(b.nbytes for b in self.tokens.values())
+
+
+def warm_up(proposer: Proposer, steps: int = 12) -> None:
+    """Run two synthetic requests through ``proposer`` so that its compiled kernels
+    (numba's on-disk cache, first-call dispatch) are loaded before real traffic.
+
+    Start, ``steps`` rounds of update / propose / observe_targets, a normal finish (feeds
+    cross-request caches), then a second request over the same tokens that is aborted.
+    Use a throwaway instance: the synthetic tokens stay in its caches.
+
+    Args:
+        proposer: a freshly built proposer.
+        steps: draft-and-commit rounds per request (>= 1).
+    """
+    pattern = list(range(3, 23))
+    for rid, finished in (("specext-warmup-0", True), ("specext-warmup-1", False)):
+        proposer.start_request(rid, pattern * 3)
+        for i in range(steps):
+            draft = proposer.propose([rid])[0]
+            if draft:
+                proposer.observe_targets(rid, draft, draft)
+            proposer.update(rid, draft[:1] + [pattern[i % len(pattern)]])
+        proposer.stop_request(rid, finished=finished)
