@@ -33,30 +33,45 @@ import numpy as np
 class DraftLengthController:
     """Per-request draft length from decayed acceptance statistics.
 
+    A request's alpha is its own decayed hit rate shrunk towards the acceptance of all
+    requests (empirical Bayes): ``(hits + w·alpha_all) / (trials + w)``. The few recent
+    observations of one request are noisy, and drafting only where that noisy estimate is
+    high overrates the drafts that get shown (measured on the e2e benchmark at batch 8:
+    predicted accepted tokens 1.06 per shown draft, realized 0.74, without shrinkage).
+
     Args:
         k: most draft tokens per step (>= 1).
-        decay: weight of history per observation, in (0, 1); 0.8 forgets within ~5 steps.
-        prior_alpha: acceptance assumed for a new request, in (0, 1).
-        prior_weight: pseudo-observations behind the prior (> 0); they decay like
-            real observations, so the history soon dominates.
+        decay: weight of a request's history per observation, in (0, 1); 0.8 forgets
+            within ~5 steps.
+        prior_alpha: acceptance assumed before any observation, in (0, 1).
+        prior_weight: ``w``, pseudo-observations of the all-request acceptance behind
+            each request's estimate (> 0).
+        global_decay: weight of the all-request history per observation, in (0, 1).
     """
 
     def __init__(self, k: int, decay: float = 0.8, prior_alpha: float = 0.5,
-                 prior_weight: float = 2.0):
+                 prior_weight: float = 4.0, global_decay: float = 0.995):
         self.k = k
         self.decay = decay
         self.prior_alpha = prior_alpha
         self.prior_weight = prior_weight
+        self.global_decay = global_decay
+        self._all = [prior_alpha, 1.0]  # decayed (hits, trials) of all requests
         self._hits: dict[str, float] = {}
         self._trials: dict[str, float] = {}
         self._full_draft: dict[str, list[int]] = {}
         self._shown: dict[str, int] = {}
 
+    @property
+    def alpha_all(self) -> float:
+        """Acceptance over all requests' recent observations, in [0, 1]."""
+        return self._all[0] / self._all[1]
+
     def alpha(self, req_id: str) -> float:
         """Estimated per-token acceptance probability of ``req_id``, in [0, 1]."""
-        if req_id not in self._trials:
-            return self.prior_alpha
-        return self._hits[req_id] / self._trials[req_id]
+        w = self.prior_weight
+        return ((self._hits.get(req_id, 0.0) + w * self.alpha_all)
+                / (self._trials.get(req_id, 0.0) + w))
 
     def length(self, req_id: str, threshold: float) -> int:
         """Draft length for ``req_id``: the largest ``j <= k`` with ``alpha**j > threshold``."""
@@ -124,10 +139,11 @@ class DraftLengthController:
                 hits += 1
         if trials == 0:
             return
-        d = self.decay ** trials  # the prior decays like any old observation
-        self._hits[req_id] = self._hits.get(
-            req_id, self.prior_alpha * self.prior_weight) * d + hits
-        self._trials[req_id] = self._trials.get(req_id, self.prior_weight) * d + trials
+        d = self.decay ** trials
+        self._hits[req_id] = self._hits.get(req_id, 0.0) * d + hits
+        self._trials[req_id] = self._trials.get(req_id, 0.0) * d + trials
+        g = self.global_decay ** trials
+        self._all = [self._all[0] * g + hits, self._all[1] * g + trials]
 
     def forget(self, req_id: str) -> None:
         """Drop the statistics of a finished request."""
