@@ -18,9 +18,7 @@ import gc
 import importlib.util
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,16 +32,9 @@ def run_job(module_file: str, job: dict, timeout: float = 1200) -> dict:
     Raises:
         RuntimeError: the child failed (the message carries the tail of its output).
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        proc = subprocess.run([sys.executable, __file__, module_file, out],
-                              input=json.dumps(job), capture_output=True, text=True,
-                              timeout=timeout)
-        if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"engine job failed (exit {proc.returncode}):\n"
-                               f"{proc.stderr[-6000:]}\n{proc.stdout[-2000:]}")
-        with open(out) as f:
-            return json.load(f)
+    from vllm_specext.engine_run import run_json_child
+
+    return run_json_child([__file__, module_file], job, timeout)
 
 
 # ---------------------------------------------------------------------- child side

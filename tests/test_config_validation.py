@@ -22,6 +22,7 @@ BAD = [
     ({"method": "ngram", "verify_top_p": 0}, "verify_top_p"),
     ({"method": "ngram", "adaptive_decay": 1.0}, "adaptive_decay"),
     ({"method": "ngram", "adaptive_threshold": 2}, "adaptive_threshold"),
+    ({"method": "suffix", "adaptive_margin": 0.5}, "adaptive_margin"),
     ({"method": "ngram", "adaptive": "sometimes"}, "adaptive"),
     ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, "suffix_decoding_max_tree_depth"),
     ({"method": "suffix", "suffix_decoding_max_cached_requests": -2},

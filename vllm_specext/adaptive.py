@@ -2,11 +2,12 @@
 
 Two measured quantities decide it:
 
-* **Acceptance per request** (:class:`DraftLengthController`): a decayed estimate of
-  alpha, the probability that the next draft token is accepted given that the ones
-  before it were (the geometric model of Leviathan et al. 2023, §3.5). Drafted positions
-  count as verified; when a request gets no draft, the full draft the proposer *would*
-  have made is still compared with the tokens that are then committed ("shadow"
+* **Acceptance per request** (:class:`DraftLengthController`): decayed estimates of the
+  probability ``alpha1`` that the first draft token is accepted and ``alpha2`` that each
+  further one is, given the ones before it were (the geometric model of Leviathan et al.
+  2023, §3.5, with its own first step), shrunk towards all requests' rates. Drafted
+  positions count as verified; when a request gets no draft, the full draft the proposer
+  *would* have made is still compared with the tokens that are then committed ("shadow"
   drafts), so a request whose acceptance returns recovers.
 * **Cost of drafting** (:class:`StepCostModel`): an online, exponentially forgetting
   least-squares fit of the target's step time ``T = a + b·n + c·s`` over the number of
@@ -14,11 +15,11 @@ Two measured quantities decide it:
   step without drafts takes vLLM's plain sampling path), measured in the running engine
   (CPU, GPU or NPU alike).
 
-A draft token at depth ``j`` pays off when its chance of being emitted, ``alpha**j``,
-beats its marginal cost relative to the tokens the step already produces:
-``alpha**j > b · rows / T(rows)`` (throughput ``(rows + accepted) / T(rows + drafts)``
-grows iff that holds). So each request drafts ``L = max{j <= k : alpha**j > threshold}``
-tokens — zero when speculation does not pay. Then the batch as a whole drafts only if
+A draft token at depth ``j`` pays off when its chance of being emitted,
+``p_j = alpha1 · alpha2**(j-1)``, beats its marginal cost relative to the tokens the step
+already produces: ``p_j > b · rows / T(rows)`` (throughput
+``(rows + accepted) / T(rows + drafts)`` grows iff that holds). So each request drafts
+``L = max{j <= k : p_j > threshold}`` tokens — zero when speculation does not pay. Then the batch as a whole drafts only if
 the expected accepted tokens also pay for ``c``
 (:meth:`StepCostModel.pays_off`); otherwise the step runs plain.
 """
@@ -33,19 +34,25 @@ import numpy as np
 class DraftLengthController:
     """Per-request draft length from decayed acceptance statistics.
 
-    A request's alpha is its own decayed hit rate shrunk towards the acceptance of all
-    requests (empirical Bayes): ``(hits + w·alpha_all) / (trials + w)``. The few recent
-    observations of one request are noisy, and drafting only where that noisy estimate is
-    high overrates the drafts that get shown (measured on the e2e benchmark at batch 8:
-    predicted accepted tokens 1.06 per shown draft, realized 0.74, without shrinkage).
+    Two acceptance probabilities per request: ``alpha1`` of the first draft token and
+    ``alpha2`` of each further one given that the tokens before it were accepted (drafts
+    that copy a span either miss at once or run long, so one geometric rate would
+    under-draft copies and over-draft guesses). Each is the request's own decayed hit
+    rate shrunk towards that of all requests (empirical Bayes):
+    ``(hits + w·rate_all) / (trials + w)``. The few recent observations of one request
+    are noisy, and drafting only where that noisy estimate is high overrates the drafts
+    that get shown (measured on the e2e benchmark at batch 8: predicted accepted tokens
+    1.06 per shown draft, realized 0.74, without shrinkage).
+
+    The depth-``j`` draft token is emitted with probability ``alpha1 · alpha2**(j-1)``.
 
     Args:
         k: most draft tokens per step (>= 1).
         decay: weight of a request's history per observation, in (0, 1); 0.8 forgets
             within ~5 steps.
         prior_alpha: acceptance assumed before any observation, in (0, 1).
-        prior_weight: ``w``, pseudo-observations of the all-request acceptance behind
-            each request's estimate (> 0).
+        prior_weight: ``w``, pseudo-observations of the all-request rates behind each
+            request's estimates (> 0).
         global_decay: weight of the all-request history per observation, in (0, 1).
     """
 
@@ -56,31 +63,32 @@ class DraftLengthController:
         self.prior_alpha = prior_alpha
         self.prior_weight = prior_weight
         self.global_decay = global_decay
-        self._all = [prior_alpha, 1.0]  # decayed (hits, trials) of all requests
-        self._hits: dict[str, float] = {}
-        self._trials: dict[str, float] = {}
+        # decayed [first hits, first trials, further hits, further trials]
+        self._all = [prior_alpha, 1.0, prior_alpha, 1.0]
+        self._stats: dict[str, list[float]] = {}
         self._full_draft: dict[str, list[int]] = {}
         self._shown: dict[str, int] = {}
 
-    @property
-    def alpha_all(self) -> float:
-        """Acceptance over all requests' recent observations, in [0, 1]."""
-        return self._all[0] / self._all[1]
-
-    def alpha(self, req_id: str) -> float:
-        """Estimated per-token acceptance probability of ``req_id``, in [0, 1]."""
-        w = self.prior_weight
-        return ((self._hits.get(req_id, 0.0) + w * self.alpha_all)
-                / (self._trials.get(req_id, 0.0) + w))
+    def acceptance(self, req_id: str) -> tuple[float, float]:
+        """``(alpha1, alpha2)`` of ``req_id``, each in [0, 1] (an unknown request gets
+        the all-request rates)."""
+        w, g = self.prior_weight, self._all
+        h1, t1, h2, t2 = self._stats.get(req_id, (0.0, 0.0, 0.0, 0.0))
+        return ((h1 + w * g[0] / g[1]) / (t1 + w), (h2 + w * g[2] / g[3]) / (t2 + w))
 
     def length(self, req_id: str, threshold: float) -> int:
-        """Draft length for ``req_id``: the largest ``j <= k`` with ``alpha**j > threshold``."""
-        a = self.alpha(req_id)
-        if threshold <= 0.0 or a >= 1.0:  # every draft so far accepted: alpha may reach 1
+        """Draft length for ``req_id``: the largest ``j <= k`` with
+        ``alpha1 · alpha2**(j-1) > threshold``."""
+        a1, a2 = self.acceptance(req_id)
+        if threshold <= 0.0:
             return self.k
-        if threshold >= 1.0 or a <= threshold:
+        if a1 <= threshold:
             return 0
-        return min(self.k, int(math.log(threshold) / math.log(a)))
+        if a2 >= 1.0:
+            return self.k
+        if a2 <= 0.0:
+            return 1
+        return min(self.k, 1 + int(math.log(threshold / a1) / math.log(a2)))
 
     def trim(self, req_ids: Sequence[str], drafts: list[list[int]],
              threshold: float) -> list[list[int]]:
@@ -105,9 +113,9 @@ class DraftLengthController:
 
     def expected_accepted(self, req_id: str, length: int) -> float:
         """Expected accepted tokens of a ``length``-token draft of ``req_id``:
-        ``sum(alpha**j for j in 1..length)`` (geometric acceptance)."""
-        a = self.alpha(req_id)
-        return float(length) if a >= 1.0 else a * (1.0 - a ** length) / (1.0 - a)
+        ``sum(alpha1 · alpha2**(j-1) for j in 1..length)``."""
+        a1, a2 = self.acceptance(req_id)
+        return a1 * (float(length) if a2 >= 1.0 else (1.0 - a2 ** length) / (1.0 - a2))
 
     def withhold(self, req_ids: Sequence[str]) -> list[list[int]]:
         """Show no draft this step (the full drafts from :meth:`trim` stay as shadow
@@ -128,8 +136,7 @@ class DraftLengthController:
         if not draft or not committed:
             return
         shown = self._shown.pop(req_id, 0)
-        accepted = len(committed) - 1
-        hits = min(accepted, shown)
+        hits = min(len(committed) - 1, shown)
         trials = hits + (1 if hits < shown else 0)
         if hits == shown:  # every shown token accepted: shadow positions follow
             for j in range(shown, min(len(draft), len(committed))):
@@ -139,15 +146,17 @@ class DraftLengthController:
                 hits += 1
         if trials == 0:
             return
-        d = self.decay ** trials
-        self._hits[req_id] = self._hits.get(req_id, 0.0) * d + hits
-        self._trials[req_id] = self._trials.get(req_id, 0.0) * d + trials
-        g = self.global_decay ** trials
-        self._all = [self._all[0] * g + hits, self._all[1] * g + trials]
+        # position 0 is the first-token trial, positions 1.. the further ones
+        sample = (float(hits > 0), 1.0, float(max(hits - 1, 0)), float(trials - 1))
+        stats = self._stats.setdefault(req_id, [0.0, 0.0, 0.0, 0.0])
+        for table, decay in ((stats, self.decay), (self._all, self.global_decay)):
+            d1, d2 = decay, decay ** sample[3]
+            for i, d in enumerate((d1, d1, d2, d2)):
+                table[i] = table[i] * d + sample[i]
 
     def forget(self, req_id: str) -> None:
         """Drop the statistics of a finished request."""
-        for table in (self._hits, self._trials, self._full_draft, self._shown):
+        for table in (self._stats, self._full_draft, self._shown):
             table.pop(req_id, None)
 
 
@@ -167,10 +176,16 @@ class StepCostModel:
             memory-bound GPU step looks like).
         prior_weight: strength of the slope prior, in squared tokens.
         fixed_prior_weight: strength of the ``c = 0`` prior, in steps.
+        margin: factor (>= 1) by which a draft's expected return must exceed its
+            measured cost (:meth:`threshold`, :meth:`pays_off`); 1.0 = break-even. The
+            estimates are noisy and a wrong "draft" costs verification at once, so
+            the default in the engine is 1.25 (``adaptive_margin``).
     """
 
     def __init__(self, decay: float = 0.99, prior_slope_ratio: float = 0.01,
-                 prior_weight: float = 4.0, fixed_prior_weight: float = 1.0):
+                 prior_weight: float = 4.0, fixed_prior_weight: float = 1.0,
+                 margin: float = 1.0):
+        self.margin = margin
         self.decay = decay
         self.prior_slope_ratio = prior_slope_ratio
         self.prior_weight = prior_weight
@@ -216,17 +231,18 @@ class StepCostModel:
     def threshold(self, rows: int) -> float:
         """Emission probability a draft token must beat when ``rows`` requests decode.
 
-        Returns ``b · rows / T(rows)`` with ``T(rows) = a + b·rows`` (a plain step); 0
-        (draft everything) before the first step.
+        Returns ``margin · b · rows / T(rows)`` with ``T(rows) = a + b·rows`` (a plain
+        step); 0 (draft everything) before the first step.
         """
         a, b, _ = self.coefficients()
         if rows <= 0 or not self.fitted:
             return 0.0
-        return b * rows / (a + b * rows)
+        return self.margin * b * rows / (a + b * rows)
 
     def pays_off(self, rows: int, expected_accepted: float, draft_tokens: int) -> bool:
-        """Whether drafting this step raises throughput: ``(rows + E) / (T(rows) + b·D + c)
-        > rows / T(rows)``, i.e. ``E · T(rows) > rows · (b·D + c)``.
+        """Whether drafting this step raises throughput by the margin: ``(rows + E) /
+        (T(rows) + b·D + c) > rows / T(rows)``, i.e. ``E · T(rows) > rows · (b·D + c)``,
+        with the right-hand side times ``margin``.
 
         Args:
             rows: requests decoding this step.
@@ -238,4 +254,4 @@ class StepCostModel:
         if not self.fitted:
             return True
         a, b, c = self.coefficients()
-        return expected_accepted * (a + b * rows) > rows * (b * draft_tokens + c)
+        return expected_accepted * (a + b * rows) > self.margin * rows * (b * draft_tokens + c)

@@ -67,10 +67,13 @@ class MethodConfig(VerifyConfig):
         "beat, with no batch-level check; None = measured online from the step-time cost model")
     adaptive_decay: float = Field(0.8, gt=0.0, lt=1.0,
                                   description="weight of acceptance history per observation")
+    adaptive_margin: float = Field(
+        1.25, ge=1.0, le=4.0, description="how many times its measured cost a draft must be "
+        "expected to return before it is shown (1.0 = break-even)")
 
     #: keys consumed by the engine layer, not by proposer constructors
     ENGINE_KEYS: ClassVar[frozenset[str]] = VerifyConfig.KEYS | frozenset({
-        "method", "adaptive", "adaptive_threshold", "adaptive_decay"})
+        "method", "adaptive", "adaptive_threshold", "adaptive_decay", "adaptive_margin"})
 
     def proposer_kwargs(self) -> dict[str, Any]:
         """The keys a proposer constructor takes (everything but engine-layer keys)."""

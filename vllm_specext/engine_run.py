@@ -120,22 +120,29 @@ def _run_cell(llm: Any, cell: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def generate_in_subprocess(job: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
-    """Run :func:`generate` in a fresh Python process (a fresh engine).
+def run_json_child(args: list[str], job: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
+    """Run ``python <args> <result path>`` with ``job`` as JSON on stdin and return the
+    JSON the child wrote to the result path.
 
     Raises:
         RuntimeError: the child failed; the message carries the tail of its output.
+        subprocess.TimeoutExpired: it ran longer than ``timeout`` seconds.
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        proc = subprocess.run([sys.executable, "-m", "vllm_specext.engine_run", out],
-                              input=json.dumps(job), capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run([sys.executable, *args, out], input=json.dumps(job),
+                              capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"engine run failed (exit {proc.returncode}):\n"
-                               f"{proc.stderr[-4000:]}\n{proc.stdout[-2000:]}")
+            raise RuntimeError(f"child {args} failed (exit {proc.returncode}):\n"
+                               f"{proc.stderr[-6000:]}\n{proc.stdout[-2000:]}")
         with open(out) as f:
             return json.load(f)
+
+
+def generate_in_subprocess(job: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
+    """Run :func:`generate` in a fresh Python process (a fresh engine); errors as
+    :func:`run_json_child`."""
+    return run_json_child(["-m", "vllm_specext.engine_run"], job, timeout)
 
 
 def main() -> None:

@@ -95,70 +95,51 @@ def _tag(x):
 
 
 @nb.njit(cache=True, inline="always")
-def find_child(arena, parent, tok):
-    """Node id of child ``tok`` of ``parent``, or -1."""
+def _probe(arena, h, tok, parent):
+    """Node with n-gram hash ``h`` and last token ``tok`` in the slot table, or
+    ``-1 - slot`` of the empty slot where it would go; ``parent >= 0`` matches on the
+    parent node instead of the hash (exact)."""
     nb_ = node_base(arena)
     hb = _slot_base(arena)
     mask = np.int64(arena[2]) - 1
-    x = _scramble(path_hash(arena[nb_ + NODE_FIELDS * parent + HASH], tok))
+    x = _scramble(h)
     tag = _tag(x)
     s = x & mask
     while True:
         e = arena[hb + s]
         if e < 0:
-            return -1
+            return -1 - s
         if e >> ID_BITS == tag:
             c = e & _ID_MASK
             row = nb_ + NODE_FIELDS * c
-            if arena[row + PARENT] == parent and arena[row + TOK] == tok:
+            if arena[row + TOK] == tok and (arena[row + PARENT] == parent if parent >= 0
+                                            else arena[row + HASH] == h):
                 return c
         s = (s + 1) & mask
+
+
+@nb.njit(cache=True, inline="always")
+def find_child(arena, parent, tok):
+    """Node id of child ``tok`` of ``parent`` (>= 0), or -1."""
+    h = path_hash(arena[node_base(arena) + NODE_FIELDS * parent + HASH], tok)
+    return max(_probe(arena, h, tok, parent), -1)
 
 
 @nb.njit(cache=True, inline="always")
 def find_gram(arena, h, tok):
     """Node of the n-gram with hash ``h`` and last token ``tok``, or -1 (two n-grams
     sharing both give either: a draft, never the counts, may follow the wrong one)."""
-    nb_ = node_base(arena)
-    hb = _slot_base(arena)
-    mask = np.int64(arena[2]) - 1
-    x = _scramble(h)
-    tag = _tag(x)
-    s = x & mask
-    while True:
-        e = arena[hb + s]
-        if e < 0:
-            return -1
-        if e >> ID_BITS == tag:
-            c = e & _ID_MASK
-            row = nb_ + NODE_FIELDS * c
-            if arena[row + HASH] == h and arena[row + TOK] == tok:
-                return c
-        s = (s + 1) & mask
+    return max(_probe(arena, h, tok, -1), -1)
 
 
 @nb.njit(cache=True, inline="always")
 def _bump(arena, nb_, hb, parent, tok, h, stamp):
     """Count one occurrence of child ``tok`` (n-gram hash ``h``) of ``parent``,
     created if missing; ``nb_`` / ``hb``: node table / slot offsets."""
-    mask = np.int64(arena[2]) - 1
-    x = _scramble(h)
-    tag = _tag(x)
-    s = x & mask
-    c = -1
-    while True:
-        e = arena[hb + s]
-        if e < 0:
-            break
-        if e >> ID_BITS == tag:
-            c = e & _ID_MASK
-            row = nb_ + NODE_FIELDS * c
-            if arena[row + PARENT] == parent and arena[row + TOK] == tok:
-                break
-            c = -1
-        s = (s + 1) & mask
+    c = _probe(arena, h, tok, parent)
     prow = nb_ + NODE_FIELDS * parent
     if c < 0:
+        s = -1 - c
         c = arena[0]
         arena[0] += 1
         row = nb_ + NODE_FIELDS * c
@@ -171,7 +152,7 @@ def _bump(arena, nb_, hb, parent, tok, h, stamp):
         arena[row + SIB] = arena[prow + CHILD]
         arena[row + HASH] = h
         arena[prow + CHILD] = c
-        arena[hb + s] = c | (tag << ID_BITS)
+        arena[hb + s] = c | (_tag(_scramble(h)) << ID_BITS)
     row = nb_ + NODE_FIELDS * c
     if arena[row + CNT] < _INT32_MAX:
         arena[row + CNT] += 1
