@@ -179,7 +179,7 @@ class StepCostModel:
         margin: factor (>= 1) by which a draft's expected return must exceed its
             measured cost (:meth:`threshold`, :meth:`pays_off`); 1.0 = break-even. The
             estimates are noisy and a wrong "draft" costs verification at once, so
-            the default in the engine is 1.25 (``adaptive_margin``).
+            the default in the engine is 1.5 (``adaptive_margin``).
     """
 
     def __init__(self, decay: float = 0.99, prior_slope_ratio: float = 0.01,
@@ -221,7 +221,7 @@ class StepCostModel:
         mean_step = self._xy[0] / self._xx[0, 0]
         ridge = np.diag([0.0, self.prior_weight, self.fixed_prior_weight])
         target = np.array([0.0, self.prior_weight * self.prior_slope_ratio * mean_step, 0.0])
-        a, b, c = np.linalg.lstsq(self._xx + ridge, self._xy + target, rcond=None)[0]
+        a, b, c = np.linalg.solve(self._xx + ridge, self._xy + target)
         b, c = max(0.0, float(b)), max(0.0, float(c))
         n_mean = self._xx[0, 1] / self._xx[0, 0]
         s_mean = self._xx[0, 2] / self._xx[0, 0]

@@ -68,7 +68,7 @@ class MethodConfig(VerifyConfig):
     adaptive_decay: float = Field(0.8, gt=0.0, lt=1.0,
                                   description="weight of acceptance history per observation")
     adaptive_margin: float = Field(
-        1.25, ge=1.0, le=4.0, description="how many times its measured cost a draft must be "
+        1.5, ge=1.0, le=4.0, description="how many times its measured cost a draft must be "
         "expected to return before it is shown (1.0 = break-even)")
 
     #: keys consumed by the engine layer, not by proposer constructors
