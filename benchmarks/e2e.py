@@ -9,8 +9,9 @@ chat, code generation; written by the project). Greedy decoding.
 
 Each (configuration, batch size) runs in its own fresh engine with prefix caching off,
 its workers' start-up heap frozen after a warm-up request (a full garbage collection of
-an unfrozen worker heap stalls a step by ~0.4 s on CPU), one cell per workload: a cross-request cache (``suffix``, ``memory_decoding``) never sees
-a prompt's output before it is timed, since the batch sizes reuse the same prompts.
+an unfrozen worker heap stalls a step by ~0.4 s on CPU), one cell per workload: a
+cross-request cache (``suffix``, ``memory_decoding``) never sees a prompt's output before
+it is timed, since the batch sizes reuse the same prompts.
 Batch 1 sends ``--batch1-prompts`` prompts of each workload one at a time; batch B
 sends the first B prompts in one ``generate()`` call. ``--rounds`` repeats the whole
 cycle over batch sizes and configurations, so drift hits every configuration alike.

@@ -159,11 +159,10 @@ class SpecExtProposer:
         """No weights to load (called unconditionally by the CPU runner, after the target's
         weights). Runs a throwaway copy of the proposer once so that its compiled kernels
         are loaded before the first request instead of during it (up to ~1.2 s of a first
-        step), then freezes the worker's start-up heap
-        (:func:`~vllm_specext.integration.runner.freeze_gc_heap`): the drafter allocates
-        per step, and each full garbage collection of an unfrozen worker heap stalled a
-        step by ~415 ms on CPU."""
-        from vllm_specext.integration.runner import freeze_gc_heap
+        step), then freezes the worker's start-up heap with vLLM's ``freeze_gc_heap``: the
+        drafter allocates per step, and each full garbage collection of an unfrozen worker
+        heap stalled a step by ~415 ms on CPU."""
+        from vllm.utils.gc_utils import freeze_gc_heap
 
         try:
             warm_up(build_proposer(**self.config))

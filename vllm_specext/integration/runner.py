@@ -156,22 +156,11 @@ def _debug_state(worker) -> dict | None:
     return drafter.debug_state() if isinstance(drafter, SpecExtProposer) else None
 
 
-def freeze_gc_heap() -> None:
-    """Collect, then move every object the garbage collector tracks to its permanent
-    generation, so that later full collections scan only new objects.
-
-    vLLM does this in the engine-core process after start-up but not in a separate
-    worker process, where a full collection then scans the whole model-loaded heap:
-    ~415 ms each on this CPU, several per minute of decoding (measured with
-    ``gc.callbacks`` in the worker of the e2e benchmark).
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
-
-
 def _freeze_gc(worker) -> None:
-    """``collective_rpc("specext_freeze_gc")``: :func:`freeze_gc_heap` in this worker
-    (the e2e benchmark calls it for every configuration, no speculation included)."""
+    """``collective_rpc("specext_freeze_gc")``: vLLM's ``freeze_gc_heap`` in this worker
+    (what vLLM runs in the engine-core process after start-up, not in a separate worker,
+    whose full collections then scan the whole model-loaded heap: ~415 ms each on CPU).
+    The e2e benchmark calls it for every configuration, no speculation included."""
+    from vllm.utils.gc_utils import freeze_gc_heap
+
     freeze_gc_heap()
