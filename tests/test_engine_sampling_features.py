@@ -25,7 +25,7 @@ METHODS = {"ngram": {"method": "ngram", "num_speculative_tokens": 8, "adaptive":
            "suffix": {"method": "suffix", "num_speculative_tokens": 8, "adaptive": False},
            "memory_decoding": {"method": "memory_decoding", "num_speculative_tokens": 8,
                                "adaptive": False},
-           "lookahead": {"method": "lookahead"}}
+           "lookahead": {"method": "lookahead", "adaptive": False}}
 
 REPEAT = ("Repeat exactly: red green blue red green blue red green blue red green blue red "
           "green blue")
