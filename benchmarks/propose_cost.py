@@ -21,10 +21,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from vllm_specext.engine_run import run_json_child
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -73,20 +74,19 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=RESULTS / "propose_cost.json")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # result path (run_json_child)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, args.workload, args.batch, args.max_tokens)))
+        job = json.loads(sys.stdin.read())
+        Path(args.child).write_text(json.dumps(measure(**job)))
         return
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by each child engine
     rows = []
     for method in args.methods.split(","):
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        out = subprocess.run([sys.executable, __file__, "--child", method, "--workload",
-                              args.workload, "--batch", str(args.batch), "--max-tokens",
-                              str(args.max_tokens)], env=env, capture_output=True, text=True,
-                             check=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
-        r = rows[-1]
+        job = {"method": method, "workload": args.workload, "batch": args.batch,
+               "max_tokens": args.max_tokens}
+        r = run_json_child([__file__, "--child"], job)
+        rows.append(r)
         print(f"{method:16s} {r['steps']:4d} steps  {r['wall_s']:6.2f} s  propose "
               f"{r['propose_median_ms']:.3f} ms/step  {100 * r['share_of_mean_step']:.1f}% of a step")
     args.out.parent.mkdir(parents=True, exist_ok=True)
