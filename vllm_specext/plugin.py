@@ -2,8 +2,9 @@
 
 vLLM calls :func:`register` in every process it starts (API server, engine core,
 workers). It is idempotent and cheap: it wraps the config front door
-(:mod:`vllm_specext.integration.engine_config`) and defers the model-runner patches
-(:mod:`vllm_specext.integration.runner`) to worker construction.
+(:mod:`vllm_specext.integration.engine_config`), lets the engine core take the drafts
+from the model output (:mod:`vllm_specext.integration.draft_handoff`) and defers the
+model-runner patches (:mod:`vllm_specext.integration.runner`) to worker construction.
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ def register() -> None:
 
     patch_engine_args()
     patch_worker_base()
+    from vllm_specext.integration.draft_handoff import patch_engine_core
+
+    patch_engine_core()  # drafts arrive with the model output (no extra RPC per step)
     install_metrics()  # vllm_specext_proposer_errors_total on /metrics
     from vllm_specext.integration.mtp_hybrid import patch_mtp_hybrid
 

@@ -13,6 +13,8 @@ Ascend runners subclass).
   speculative bookkeeping of such a step cost 2-4% of its time on CPU. Only for our
   model-free drafter on attention-only models (recurrent backends read the speculative
   metadata of zero-draft steps).
+* ``sample_tokens``: the step's drafts ride on the returned model output, so the engine
+  core needs no second call to fetch them (:mod:`vllm_specext.integration.draft_handoff`).
 
 Applied lazily from the worker (``WorkerBase.__init__``) so that no runner module, and
 so no device runtime, is imported in the API-server process.
@@ -23,6 +25,7 @@ import functools
 import logging
 
 from vllm_specext.integration.adapter import SpecExtProposer
+from vllm_specext.integration.draft_handoff import attach_drafts, hands_off
 from vllm_specext.integration.engine_config import ADDITIONAL_CONFIG_KEY
 
 logger = logging.getLogger(__name__)
@@ -42,6 +45,7 @@ def _after_init(runner) -> None:
     if isinstance(drafter, SpecExtProposer):
         drafter.bind_runner(runner)
     runner._specext_plain_steps = _plain_steps_ok(runner)
+    runner._specext_hands_off = isinstance(drafter, SpecExtProposer) and hands_off(runner)
     if getattr(runner, "rejection_sampler", None) is None:  # speculation off
         return
     from vllm_specext.integration.cpu_fixes import apply_cpu_fixes
@@ -95,8 +99,8 @@ def _without_undrafted_metadata(prepare_inputs):
 
 
 def patch_model_runner() -> None:
-    """Wrap ``GPUModelRunner.__init__``, ``_update_states`` and ``_prepare_inputs`` once
-    (idempotent)."""
+    """Wrap ``GPUModelRunner.__init__``, ``_update_states``, ``_prepare_inputs`` and
+    ``sample_tokens`` once (idempotent)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     init = GPUModelRunner.__init__
@@ -117,9 +121,17 @@ def patch_model_runner() -> None:
             drafter.on_step_start(scheduler_output)
         return update_states(self, scheduler_output, *args, **kwargs)
 
+    sample_tokens = GPUModelRunner.sample_tokens
+
+    @functools.wraps(sample_tokens)
+    def _sample_tokens(self, *args, **kwargs):
+        out = sample_tokens(self, *args, **kwargs)
+        return attach_drafts(self, out) if getattr(self, "_specext_hands_off", False) else out
+
     __init__._specext_wrapped = True
     GPUModelRunner.__init__ = __init__
     GPUModelRunner._update_states = _update_states
+    GPUModelRunner.sample_tokens = _sample_tokens
     GPUModelRunner._prepare_inputs = _without_undrafted_metadata(GPUModelRunner._prepare_inputs)
 
 
