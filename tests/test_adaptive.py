@@ -70,6 +70,28 @@ def test_forget_resets_to_all_request_acceptance():
     assert c.acceptance("r") == pytest.approx(unknown)
 
 
+def test_acceptance_is_tracked_per_draft_kind():
+    """One request alternating drafts that are always accepted (kind 2) with guesses that
+    never are (kind 0): the guesses stop being shown, the good drafts keep their length."""
+    c = DraftLengthController(k=8)
+    for i in range(60):
+        good = i % 2 == 0
+        draft = list(range(8))
+        shown = c.trim(["r"], [draft], 0.1, kinds=[2 if good else 0])[0]
+        c.observe("r", draft + [99] if good else [99])
+    assert c.length("r", 0.1, kind=2) == 8 and c.length("r", 0.1, kind=0) == 0
+    assert c.trim(["r"], [list(range(8))], 0.1, kinds=[0]) == [[]]
+    assert c.expected_accepted("r", 8, kind=2) > 6 > c.expected_accepted("r", 8, kind=0)
+    one = DraftLengthController(k=8)  # the same history without kinds: one blurred rate
+    for i in range(60):
+        one.trim(["r"], [list(range(8))], 0.1)
+        one.observe("r", list(range(8)) + [99] if i % 2 == 0 else [99])
+    assert one.trim(["r"], [list(range(8))], 0.1) == [list(range(8))]  # guesses shown too
+    c.forget("r")
+    assert c.length("r", 0.1, kind=0) == c.length("new", 0.1, kind=0)
+    assert c.acceptance("x", kind=99) == c.acceptance("x", kind=c.num_kinds - 1)
+
+
 def test_noisy_request_is_shrunk_towards_all_requests():
     c = DraftLengthController(k=8)
     for i in range(200):  # 50 requests that accept 20% of first tokens

@@ -96,6 +96,7 @@ def test_drafts_from_prompt_ngrams():
     # [10, 11] -> 12 13 14 ; [12, 13, 14] -> 15 16 17 ; the last N-2 positions have no
     # complete continuation yet
     assert p.propose(["r"]) == [[12, 13, 14, 15, 16, 17]]
+    assert p.last_kinds == [1 + 2]  # an n-gram pool draft from a 2-token key
     assert p.propose(["r"], [2]) == [[12, 13]]
     assert p.counts["pool"] == 2 and p.counts["window"] == 0
 
@@ -106,7 +107,9 @@ def test_window_when_pool_misses():
     p.start_request("r", prompt)
     d = p.propose(["r"])[0]
     assert len(d) == 5 and set(d) <= set(prompt) and p.counts["window"] == 1
+    assert p.last_kinds == [0]  # Jacobi-window guesses
     assert len(p.propose(["r"], [3])[0]) == 3
+    assert p.propose(["r", "unknown"], [3, 3])[1] == [] and p.last_kinds == [0, 0]
 
 
 def test_observe_harvests_jacobi_ngrams_and_updates_window():
@@ -157,6 +160,7 @@ def test_next_token_table_when_no_ngram_continues():
     assert p._req["r"].pool.nxt.candidates([6]) == [[70]]
     p.update("r", [70, 41])                # no n-gram key ends with 41 (or 70, 41)
     assert p.propose(["r"]) == [[72]] and p.counts["window"] == 1
+    assert p.last_kinds == [1]  # the next-token table
 
 
 def test_observe_ignores_stale_and_unknown():

@@ -46,6 +46,11 @@ class DraftLengthController:
 
     The depth-``j`` draft token is emitted with probability ``alpha1 · alpha2**(j-1)``.
 
+    Both rates are kept per *draft kind* too: a proposer may say what each draft came from
+    (:attr:`~vllm_specext.proposers.base.Proposer.last_kinds`, e.g. ``lookahead``'s n-gram
+    pool by key length vs its Jacobi window of guesses), and one request's drafts of
+    different kinds are accepted at very different rates.
+
     Args:
         k: most draft tokens per step (>= 1).
         decay: weight of a request's history per observation, in (0, 1); 0.8 forgets
@@ -54,32 +59,39 @@ class DraftLengthController:
         prior_weight: ``w``, pseudo-observations of the all-request rates behind each
             request's estimates (> 0).
         global_decay: weight of the all-request history per observation, in (0, 1).
+        num_kinds: draft kinds told apart (``0 .. num_kinds - 1``; larger kinds share the
+            last one).
     """
 
     def __init__(self, k: int, decay: float = 0.8, prior_alpha: float = 0.5,
-                 prior_weight: float = 4.0, global_decay: float = 0.995):
+                 prior_weight: float = 4.0, global_decay: float = 0.995, num_kinds: int = 8):
         self.k = k
         self.decay = decay
         self.prior_alpha = prior_alpha
         self.prior_weight = prior_weight
         self.global_decay = global_decay
-        # decayed [first hits, first trials, further hits, further trials]
-        self._all = [prior_alpha, 1.0, prior_alpha, 1.0]
-        self._stats: dict[str, list[float]] = {}
-        self._full_draft: dict[str, list[int]] = {}
+        self.num_kinds = num_kinds
+        # per draft kind, decayed [first hits, first trials, further hits, further trials]
+        self._all = {kind: [prior_alpha, 1.0, prior_alpha, 1.0] for kind in range(num_kinds)}
+        self._stats: dict[str, dict[int, list[float]]] = {}  # request -> kind -> stats
+        self._full_draft: dict[str, tuple[list[int], int]] = {}  # request -> (draft, kind)
         self._shown: dict[str, int] = {}
 
-    def acceptance(self, req_id: str) -> tuple[float, float]:
-        """``(alpha1, alpha2)`` of ``req_id``, each in [0, 1] (an unknown request gets
-        the all-request rates)."""
-        w, g = self.prior_weight, self._all
-        h1, t1, h2, t2 = self._stats.get(req_id, (0.0, 0.0, 0.0, 0.0))
+    def _kind(self, kind: int) -> int:
+        return min(max(int(kind), 0), self.num_kinds - 1)
+
+    def acceptance(self, req_id: str, kind: int = 0) -> tuple[float, float]:
+        """``(alpha1, alpha2)`` of ``req_id``'s drafts of ``kind``, each in [0, 1] (an
+        unknown request gets the all-request rates of that kind)."""
+        kind = self._kind(kind)
+        w, g = self.prior_weight, self._all[kind]
+        h1, t1, h2, t2 = self._stats.get(req_id, {}).get(kind, (0.0, 0.0, 0.0, 0.0))
         return ((h1 + w * g[0] / g[1]) / (t1 + w), (h2 + w * g[2] / g[3]) / (t2 + w))
 
-    def length(self, req_id: str, threshold: float) -> int:
-        """Draft length for ``req_id``: the largest ``j <= k`` with
+    def length(self, req_id: str, threshold: float, kind: int = 0) -> int:
+        """Draft length for a ``kind`` draft of ``req_id``: the largest ``j <= k`` with
         ``alpha1 · alpha2**(j-1) > threshold``."""
-        a1, a2 = self.acceptance(req_id)
+        a1, a2 = self.acceptance(req_id, kind)
         if threshold <= 0.0:
             return self.k
         if a1 <= threshold:
@@ -91,7 +103,7 @@ class DraftLengthController:
         return min(self.k, 1 + int(math.log(threshold / a1) / math.log(a2)))
 
     def trim(self, req_ids: Sequence[str], drafts: list[list[int]],
-             threshold: float) -> list[list[int]]:
+             threshold: float, kinds: Sequence[int] | None = None) -> list[list[int]]:
         """Cut each full draft to its request's length; remember the full draft.
 
         Args:
@@ -99,22 +111,26 @@ class DraftLengthController:
             drafts: the proposer's drafts (0..k tokens each).
             threshold: the per-token emission probability a draft token must beat
                 (see :meth:`StepCostModel.threshold`).
+            kinds: the proposer's class of each draft (:attr:`Proposer.last_kinds`:
+                what it was drafted from, e.g. a long match or a guess); acceptance is
+                tracked per request and kind. None: one kind (0).
 
         Returns:
             The trimmed drafts (prefixes of ``drafts``).
         """
         out = []
-        for rid, draft in zip(req_ids, drafts):
-            n = self.length(rid, threshold) if draft else 0
-            self._full_draft[rid] = draft
+        for i, (rid, draft) in enumerate(zip(req_ids, drafts)):
+            kind = self._kind(kinds[i]) if kinds is not None else 0
+            n = self.length(rid, threshold, kind) if draft else 0
+            self._full_draft[rid] = (draft, kind)
             self._shown[rid] = n
             out.append(draft[:n])
         return out
 
-    def expected_accepted(self, req_id: str, length: int) -> float:
-        """Expected accepted tokens of a ``length``-token draft of ``req_id``:
+    def expected_accepted(self, req_id: str, length: int, kind: int = 0) -> float:
+        """Expected accepted tokens of a ``length``-token ``kind`` draft of ``req_id``:
         ``sum(alpha1 · alpha2**(j-1) for j in 1..length)``."""
-        a1, a2 = self.acceptance(req_id)
+        a1, a2 = self.acceptance(req_id, kind)
         return a1 * (float(length) if a2 >= 1.0 else (1.0 - a2 ** length) / (1.0 - a2))
 
     def withhold(self, req_ids: Sequence[str]) -> list[list[int]]:
@@ -132,7 +148,7 @@ class DraftLengthController:
         (``len(committed) - 1`` of them); positions beyond, up to the committed tokens,
         are scored by comparing the unshown (shadow) draft with what was committed.
         """
-        draft = self._full_draft.pop(req_id, None)
+        draft, kind = self._full_draft.pop(req_id, ((), 0))
         if not draft or not committed:
             return
         shown = self._shown.pop(req_id, 0)
@@ -148,8 +164,8 @@ class DraftLengthController:
             return
         # position 0 is the first-token trial, positions 1.. the further ones
         sample = (float(hits > 0), 1.0, float(max(hits - 1, 0)), float(trials - 1))
-        stats = self._stats.setdefault(req_id, [0.0, 0.0, 0.0, 0.0])
-        for table, decay in ((stats, self.decay), (self._all, self.global_decay)):
+        stats = self._stats.setdefault(req_id, {}).setdefault(kind, [0.0, 0.0, 0.0, 0.0])
+        for table, decay in ((stats, self.decay), (self._all[kind], self.global_decay)):
             d1, d2 = decay, decay ** sample[3]
             for i, d in enumerate((d1, d1, d2, d2)):
                 table[i] = table[i] * d + sample[i]

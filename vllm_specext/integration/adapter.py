@@ -219,11 +219,13 @@ class SpecExtProposer:
             if self.controller is None:
                 return drafts
             rows = sum(1 for c in caps if c > 0)
+            kinds = self.proposer.last_kinds or [0] * num_rows
             if self.fixed_threshold is not None:
-                return self.controller.trim(req_ids, drafts, self.fixed_threshold)
-            drafts = self.controller.trim(req_ids, drafts, self.cost_model.threshold(rows))
-            expected = sum(self.controller.expected_accepted(rid, len(d))
-                           for rid, d in zip(req_ids, drafts) if d)
+                return self.controller.trim(req_ids, drafts, self.fixed_threshold, kinds)
+            drafts = self.controller.trim(req_ids, drafts, self.cost_model.threshold(rows),
+                                          kinds)
+            expected = sum(self.controller.expected_accepted(rid, len(d), kind)
+                           for rid, d, kind in zip(req_ids, drafts, kinds) if d)
             if self.cost_model.pays_off(rows, expected, sum(map(len, drafts))):
                 return drafts
             return self.controller.withhold(req_ids)

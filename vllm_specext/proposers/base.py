@@ -87,6 +87,7 @@ class Proposer(ABC):
         self.num_speculative_tokens = int(num_speculative_tokens)
         self.tokens: dict[str, TokenBuffer] = {}
         self.prompt_len: dict[str, int] = {}
+        self._kind = 0  # set by _propose_one for its draft (see last_kinds)
 
     # ----------------------------------------------------------------- life cycle
     def start_request(self, req_id: str, prompt_token_ids: Sequence[int]) -> None:
@@ -144,17 +145,28 @@ class Proposer(ABC):
         """
         k = self.num_speculative_tokens
         out: list[list[int]] = []
+        kinds: list[int] = []
         for i, rid in enumerate(req_ids):
             cap = k if max_tokens is None else min(k, int(max_tokens[i]))
+            self._kind = 0
             if cap <= 0 or rid not in self.tokens:
                 out.append([])
-                continue
-            out.append(self._propose_one(rid, cap))
+            else:
+                out.append(self._propose_one(rid, cap))
+            kinds.append(self._kind)
+        self.last_kinds = kinds
         return out
 
     @abstractmethod
     def _propose_one(self, req_id: str, max_tokens: int) -> list[int]:
-        """Draft at most ``max_tokens`` (>= 1) tokens for one active request."""
+        """Draft at most ``max_tokens`` (>= 1) tokens for one active request; may set
+        ``self._kind`` (see :attr:`last_kinds`)."""
+
+    #: Per row of the last :meth:`propose` call, a small int naming what its draft was
+    #: made from (0 when the proposer does not tell kinds apart; e.g. ``lookahead``: 0
+    #: Jacobi-window guesses, 1 next-token table, 1 + m an n-gram pool key of m tokens).
+    #: The adaptive controller tracks acceptance per request and kind. None: no kinds.
+    last_kinds: list[int] | None = None
 
     #: True for proposers that learn from the target model's tokens at draft positions
     #: (the engine then computes and passes them to :meth:`observe_targets`).

@@ -236,6 +236,8 @@ class LookaheadProposer(Proposer):
             draft = self._buf[n_ctx:n_ctx + n].copy()
             traj = self._horizontal(req_id, draft)
             self.counts["pool"] += 1
+            # draft kind (last_kinds): _pools lists three n-gram pools, then the tables
+            self._kind = 1 + int(self._info[0]) if self._info[1] < 3 else 1
         else:
             self._fill_window(req_id, st)
             n = min(self.window, max_tokens)
