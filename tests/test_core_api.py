@@ -123,3 +123,10 @@ def test_warm_up_leaves_no_request_behind(method):
     assert p.active_requests == set()
     p.start_request("r", [1, 2, 3, 1, 2, 3])  # still usable afterwards
     _valid(p.propose(["r"]), ["r"])
+
+
+def test_match_kind_buckets_by_powers_of_two():
+    from vllm_specext.proposers.base import match_kind
+
+    assert [match_kind(m) for m in (0, 1, 2, 3, 4, 7, 8, 15, 16, 1000, -3)] == \
+        [0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 0]

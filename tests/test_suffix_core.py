@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from vllm_specext.config import SpecExtConfigError
 from vllm_specext.proposers import build_proposer
 from vllm_specext.proposers import suffix_tree as T
+from vllm_specext.proposers.base import match_kind
 from vllm_specext.proposers import suffix as SX
 from vllm_specext.proposers.suffix import SuffixProposer
 
@@ -256,9 +257,12 @@ def test_draft_continues_a_repeated_pattern():
     p = SuffixProposer(4, suffix_decoding_max_spec_factor=1.0)
     p.start_request("a", [7, 1, 2, 3, 4, 5, 6, 9, 1, 2, 3])
     assert p.propose(["a"]) == [[4, 5, 6]]  # match "1 2 3" (m = 3) caps the draft at 3
+    assert p.last_kinds == [match_kind(3)] == [2]  # the draft's kind: its match length
     assert p.propose(["a"], max_tokens=[2]) == [[4, 5]]
     p.update("a", [4, 5])
-    assert p.propose(["a"]) == [[6, 9, 1, 2]]
+    assert p.propose(["a"]) == [[6, 9, 1, 2]] and p.last_kinds == [match_kind(5)]
+    p.start_request("b", [11, 12, 13])
+    assert p.propose(["b"]) == [[]] and p.last_kinds == [0]  # nothing matches
     q = build_proposer("suffix", num_speculative_tokens=4)  # defaults: factor 8
     q.start_request("a", [7, 1, 2, 3, 4, 5, 6, 9, 1, 2, 3])
     assert q.propose(["a"]) == [[4, 5, 6, 9]]

@@ -23,6 +23,14 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 
+def match_kind(match_len: int) -> int:
+    """Draft kind (:attr:`Proposer.last_kinds`) of a draft that continues a context
+    suffix of ``match_len`` tokens: 0 for none, then one kind per power of two (1, 2-3,
+    4-7, 8-15, 16+ tokens -> 1..5). Longer matches are accepted more often (the premise
+    of SuffixDecoding's ``max_spec_factor``, Oliaro et al. 2025)."""
+    return min(5, max(0, int(match_len)).bit_length())
+
+
 class TokenBuffer:
     """Append-only int32 token history with amortised O(1) appends.
 

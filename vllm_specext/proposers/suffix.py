@@ -21,7 +21,9 @@ greedy path scores best (sum of path probabilities). Here every matched suffix v
   voters; the token with the most votes is drafted, its share of all votes multiplies
   the path probability, and only the voters that predicted it continue, one token deeper;
 * drafting stops at ``min(k, int(longest match * max_spec_factor + offset))`` tokens,
-  when the path probability falls below ``min_token_prob``, or when no voter is left.
+  when the path probability falls below ``min_token_prob``, or when no voter is left;
+* the draft's kind for adaptive speculation (``last_kinds``) is its longest match,
+  bucketed by :func:`~vllm_specext.proposers.base.match_kind`.
 
 The local weight is one number per proposer, learned online: each update takes one
 gradient step on ``log lw`` of the log-probability that the request's last first-token
@@ -58,7 +60,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from vllm_specext.proposers.base import Proposer
+from vllm_specext.proposers.base import Proposer, match_kind
 from vllm_specext.proposers.suffix_tree import (BEST, CNT, FCH, LEN, NXT, TOK, ActiveRequest,
                                                 GlobalCache, child, match, token_at)
 
@@ -288,7 +290,7 @@ def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
     ``rec``: receives the first-token vote (:func:`record_vote`).
 
     Returns:
-        ``(n tokens, last stamp used)``.
+        ``(n tokens, last stamp used, longest match in tokens)``.
     """
     nc, longest = collect_voters(lnodes, ltok, lseqs, act, n_ctx, gnodes, ghkeys, ghvals,
                                  gtok, gseqs, slot, gact, cand)
@@ -313,7 +315,7 @@ def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
         n += 1
         nc = advance(lnodes, lhkeys, lhvals, ltok, lseqs, gnodes, ghkeys, ghvals, gtok, gseqs,
                      cand, 0, nc, t, 0)
-    return n, stamp
+    return n, stamp, longest
 
 
 @njit(cache=True)
@@ -491,11 +493,12 @@ class SuffixProposer(Proposer):
                 gt.nodes, gt.hkeys, gt.hvals, g.arena, g.seqs, req.slot, req.gact)
 
     def _propose_one(self, req_id: str, max_tokens: int) -> list[int]:
-        n, self._stamp = draft_chain(
+        n, self._stamp, longest = draft_chain(
             *self._trees(req_id), max_tokens, self.max_spec_factor, self.max_spec_offset,
             self.min_token_prob, self._log_lw, self._cand, self._tkeys, self._tvals,
             self._tlocal, self._tstamp, self._stamp, self._touched, self._out,
             self._votes[req_id])
+        self._kind = match_kind(longest)
         return self._out[:n].tolist()
 
     def propose_tree(self, req_id: str, budget: int = 64,
