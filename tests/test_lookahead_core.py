@@ -91,7 +91,7 @@ def test_draft_chain_longest_key_then_chains():
 
 # ---------------------------------------------------------------- proposer
 def test_drafts_from_prompt_ngrams():
-    p = LookaheadProposer(8, level=4, window=5, guess_set_size=5)
+    p = LookaheadProposer(8, level=4, window=5, guess_set_size=5, prompt_lookup_max=0)
     p.start_request("r", [10, 11, 12, 13, 14, 15, 16, 17, 10, 11])
     # [10, 11] -> 12 13 14 ; [12, 13, 14] -> 15 16 17 ; the last N-2 positions have no
     # complete continuation yet
@@ -101,8 +101,23 @@ def test_drafts_from_prompt_ngrams():
     assert p.counts["pool"] == 2 and p.counts["window"] == 0
 
 
+def test_prompt_lookup_goes_first():
+    p = LookaheadProposer(8, level=4, window=5, guess_set_size=5)  # prompt_lookup_max 5
+    p.start_request("r", [10, 11, 12, 13, 14, 15, 16, 17, 10, 11])
+    # [10, 11] occurred before: its continuation, extended by the period, as ngram drafts
+    assert p.propose(["r"]) == [[12, 13, 14, 15, 16, 17, 10, 11]]
+    assert p.last_kinds == [7] and p.counts["lookup"] == 1 and p.counts["pool"] == 0
+    assert p.propose(["r", "x"], [3, 3]) == [[12, 13, 14], []]
+    p.observe_targets("r", [12, 13, 14], [12, 13, 99])  # Jacobi feedback still harvested
+    assert p.counts["grams"] == 3
+    p.update("r", [12, 13, 14, 20])  # "14 20" never occurred: the pool / window again
+    assert p.propose(["r"])[0] and p.last_kinds != [7]
+    p.stop_request("r")
+    assert not p._slot and p.state_nbytes() == p.__class__(8).state_nbytes()
+
+
 def test_window_when_pool_misses():
-    p = LookaheadProposer(8, level=4, window=5)
+    p = LookaheadProposer(8, level=4, window=5, prompt_lookup_max=0)
     prompt = [1, 2, 3, 4, 5, 6, 7]  # no token repeats: no key ends the context
     p.start_request("r", prompt)
     d = p.propose(["r"])[0]
@@ -113,7 +128,7 @@ def test_window_when_pool_misses():
 
 
 def test_observe_harvests_jacobi_ngrams_and_updates_window():
-    p = LookaheadProposer(8, level=4, window=5)
+    p = LookaheadProposer(8, level=4, window=5, prompt_lookup_max=0)
     ctx = [1, 2, 3, 4, 5, 6, 7]
     p.start_request("r", ctx)
     w = p.propose(["r"])[0]                # nothing continues 7: the window
@@ -143,7 +158,7 @@ def test_observe_harvests_jacobi_ngrams_and_updates_window():
 
 
 def test_jacobi_ngram_is_drafted_later():
-    p = LookaheadProposer(4, level=3, window=4)
+    p = LookaheadProposer(4, level=3, window=4, prompt_lookup_max=0)
     p.start_request("r", [1, 2, 3, 4, 5, 6])
     p.propose(["r"])
     p.observe_targets("r", [40, 41, 42], [70, 71, 72])  # (40, 41) -> 72 among the n-grams
@@ -152,7 +167,7 @@ def test_jacobi_ngram_is_drafted_later():
 
 
 def test_next_token_table_when_no_ngram_continues():
-    p = LookaheadProposer(4, level=3, window=4)
+    p = LookaheadProposer(4, level=3, window=4, prompt_lookup_max=0)
     p.start_request("r", [1, 2, 3, 4, 5, 6])
     p.propose(["r"])
     p.observe_targets("r", [40, 41, 42], [70, 71, 72])  # the target said 72 after 41
@@ -164,7 +179,7 @@ def test_next_token_table_when_no_ngram_continues():
 
 
 def test_observe_ignores_stale_and_unknown():
-    p = LookaheadProposer(8)
+    p = LookaheadProposer(8, prompt_lookup_max=0)
     p.start_request("r", [1, 2, 3, 4, 5, 6])
     d = p.propose(["r"])[0]
     p.update("r", [9])
@@ -175,7 +190,7 @@ def test_observe_ignores_stale_and_unknown():
 
 
 def test_observe_foreign_draft_uses_context_trajectories():
-    p = LookaheadProposer(8, level=3, window=5)
+    p = LookaheadProposer(8, level=3, window=5, prompt_lookup_max=0)
     p.start_request("r", [1, 2, 3, 4, 5, 6])
     p.propose(["r"])
     p.observe_targets("r", [40, 41], [70, 71])  # not the proposed draft
@@ -184,7 +199,7 @@ def test_observe_foreign_draft_uses_context_trajectories():
 
 
 def test_shared_pool_crosses_requests_and_is_bounded():
-    p = LookaheadProposer(8, level=3, window=5, shared_pool_size=40)
+    p = LookaheadProposer(8, level=3, window=5, shared_pool_size=40, prompt_lookup_max=0)
     p.start_request("a", [1, 2, 3, 4, 5, 6])
     w = p.propose(["a"])[0]
     p.observe_targets("a", w, [70, 71, 72, 73, 74])
@@ -205,7 +220,7 @@ def test_shared_pool_crosses_requests_and_is_bounded():
 
 
 def test_cap_and_unknown_requests():
-    p = LookaheadProposer(8)
+    p = LookaheadProposer(8, prompt_lookup_max=0)
     p.start_request("r", list(range(20)) * 2)
     assert [len(d) for d in p.propose(["r", "nope", "r"], [3, 5, 0])] == [3, 0, 0]
     p.start_request("e", [])
@@ -214,7 +229,7 @@ def test_cap_and_unknown_requests():
 
 def test_sampled_targets_are_harvested_alike():
     """The proposer never assumes targets[j] == draft[j] for accepted positions."""
-    p = LookaheadProposer(5, level=3, window=5)
+    p = LookaheadProposer(5, level=3, window=5, prompt_lookup_max=0)
     p.start_request("r", [1, 2, 3, 4, 5])
     d = p.propose(["r"])[0]
     p.observe_targets("r", d, d)            # every draft token was sampled by the target

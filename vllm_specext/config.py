@@ -222,6 +222,11 @@ class LookaheadConfig(MethodConfig):
         "requests (Jacobi and output n-grams, next tokens; 0: per-request pools only); two "
         "halves, the older dropped when the newer fills; about 100 bytes per continuation "
         "at level 4")
+    prompt_lookup_max: int = Field(
+        5, ge=0, le=64, description="longest suffix n-gram (from 2 tokens) matched by "
+        "prompt lookup in the request's context, whose k-token continuation is drafted "
+        "before the pool is tried (as method ngram); 0: off, pool and window only, as in "
+        "the paper")
     adaptive: bool = Field(True, description="on by default, as for every method: at "
                            "batch 8 on CPU it keeps 0.95-1.02x no speculation where off gives "
                            "0.45-0.84x; off drafts the whole Jacobi window for the target's "
