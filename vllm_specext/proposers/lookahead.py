@@ -21,8 +21,11 @@ request per step, so here:
   n-gram of 2..``prompt_lookup_max`` tokens of the context occurred before, its k-token
   continuation is drafted, as method ``ngram`` does (the same
   :class:`~vllm_specext.proposers.ngram_index.NgramIndex`): a copied span continues
-  further than a chain of (N-1)-token pool continuations (batch 1 in the engine, code
-  editing: tau 2.93 for the pool and window alone vs 3.10 for vLLM's ``ngram``).
+  further than a chain of (N-1)-token pool continuations. Batch 1 in the engine, code
+  editing (``benchmarks/e2e.py --methods lookahead,vllm_ngram --batch-sizes 1,32
+  --workloads code_editing,summarization,open_chat --max-tokens 96 --batch1-prompts 4``):
+  tau 2.93 for the pool and window alone, 3.20 with prompt lookup first, 3.10 for vLLM's
+  ``ngram``.
 * **Draft**: chained lookups; each takes the most recent continuation of the longest key
   (N-1 tokens down to 1) that ends context + draft so far, from the pool (then the shared
   pool) at that key length, the next-token table last, and the next lookup continues
@@ -88,8 +91,8 @@ from vllm_specext.proposers.lookahead_pool import NgramPool, draft_chain
 from vllm_specext.proposers.ngram_index import NgramIndex
 
 #: Draft kinds (``last_kinds``): Jacobi window, next-token table, n-gram pool with a key of
-#: m tokens (``KIND_POOL + min(m, 5)``), prompt lookup.
-KIND_WINDOW, KIND_NEXT_TOKEN, KIND_POOL, KIND_PROMPT_LOOKUP = 0, 1, 1, 7
+#: m tokens (``KIND_POOL_KEY_1 + min(m, 5) - 1``, i.e. 2..6), prompt lookup.
+KIND_WINDOW, KIND_NEXT_TOKEN, KIND_POOL_KEY_1, KIND_PROMPT_LOOKUP = 0, 1, 2, 7
 
 
 class _Pools:
@@ -293,8 +296,8 @@ class LookaheadProposer(Proposer):
             traj = self._horizontal(req_id, draft)
             self.counts["pool"] += 1
             # _pools lists three n-gram pools, then the next-token tables
-            self._kind = (KIND_POOL + min(int(self._info[0]), 5) if self._info[1] < 3
-                          else KIND_NEXT_TOKEN)
+            self._kind = (KIND_POOL_KEY_1 + min(int(self._info[0]), 5) - 1
+                          if self._info[1] < 3 else KIND_NEXT_TOKEN)
         else:
             self._fill_window(req_id, st)
             n = min(self.window, max_tokens)
