@@ -113,7 +113,7 @@ def test_prompt_lookup_goes_first():
     p.update("r", [12, 13, 14, 20])  # "14 20" never occurred: the pool / window again
     assert p.propose(["r"])[0] and p.last_kinds != [7]
     p.stop_request("r")
-    assert not p._slot and p.state_nbytes() == p.__class__(8).state_nbytes()
+    assert not p.lookup.slots and p.state_nbytes() == p.__class__(8).state_nbytes()
 
 
 def test_window_when_pool_misses():

@@ -181,4 +181,4 @@ def test_config_errors_name_the_key(kwargs, key):
 def test_config_passes_bounds():
     p = build_proposer("ngram", num_speculative_tokens=3, prompt_lookup_min=1,
                        prompt_lookup_max=2)
-    assert (p.index.min_n, p.index.max_n, p.num_speculative_tokens) == (1, 2, 3)
+    assert (p.lookup.index.min_n, p.lookup.index.max_n, p.num_speculative_tokens) == (1, 2, 3)

@@ -151,11 +151,9 @@ class Proposer(ABC):
             One list of int token ids per request, each of length 0..k;
             ``[]`` means no speculation for that request this step.
         """
-        k = self.num_speculative_tokens
         out: list[list[int]] = []
         kinds: list[int] = []
-        for i, rid in enumerate(req_ids):
-            cap = k if max_tokens is None else min(k, int(max_tokens[i]))
+        for rid, cap in zip(req_ids, self._caps(len(req_ids), max_tokens)):
             self._kind = 0
             if cap <= 0 or rid not in self.tokens:
                 out.append([])
@@ -164,6 +162,11 @@ class Proposer(ABC):
             kinds.append(self._kind)
         self.last_kinds = kinds
         return out
+
+    def _caps(self, n: int, max_tokens: Sequence[int] | None) -> list[int]:
+        """Per-row draft caps of a :meth:`propose` call: ``min(k, max_tokens[i])``."""
+        k = self.num_speculative_tokens
+        return [k] * n if max_tokens is None else [min(k, int(m)) for m in max_tokens]
 
     @abstractmethod
     def _propose_one(self, req_id: str, max_tokens: int) -> list[int]:

@@ -20,7 +20,7 @@ request per step, so here:
 * **Prompt lookup first** (``prompt_lookup_max > 0``, not in the paper): when a suffix
   n-gram of 2..``prompt_lookup_max`` tokens of the context occurred before, its k-token
   continuation is drafted, as method ``ngram`` does (the same
-  :class:`~vllm_specext.proposers.ngram_index.NgramIndex`): a copied span continues
+  :class:`~vllm_specext.proposers.ngram.PromptLookup`): a copied span continues
   further than a chain of (N-1)-token pool continuations. Batch 1 in the engine, code
   editing (``benchmarks/e2e.py --methods lookahead,vllm_ngram --batch-sizes 1,32
   --workloads code_editing,summarization,open_chat --max-tokens 96 --batch1-prompts 4``):
@@ -88,7 +88,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from vllm_specext.proposers.base import Proposer
 from vllm_specext.proposers.lookahead_pool import NgramPool, draft_chain
-from vllm_specext.proposers.ngram_index import NgramIndex
+from vllm_specext.proposers.ngram import PromptLookup
 
 #: Draft kinds (``last_kinds``): Jacobi window, next-token table, n-gram pool with a key of
 #: m tokens (``KIND_POOL_KEY_1 + min(m, 5) - 1``, i.e. 2..6), prompt lookup.
@@ -179,9 +179,8 @@ class LookaheadProposer(Proposer):
         self._req: dict[str, _Request] = {}
         self._buf = np.empty(self.width + self.num_speculative_tokens, dtype=np.int32)
         self._info = np.zeros(2, dtype=np.int64)
-        self.lookup = (NgramIndex(min(2, prompt_lookup_max), prompt_lookup_max)
+        self.lookup = (PromptLookup(min(2, prompt_lookup_max), prompt_lookup_max)
                        if prompt_lookup_max else None)
-        self._slot: dict[str, int] = {}  # request -> its stream in self.lookup
         self._looked_up: dict[str, np.ndarray] = {}  # this call's prompt-lookup drafts
         #: drafts made by prompt lookup, from the pools and from the Jacobi window,
         #: Jacobi n-grams harvested
@@ -194,17 +193,15 @@ class LookaheadProposer(Proposer):
     def _on_start(self, req_id: str) -> None:
         self._req[req_id] = _Request(self._new_pool(), self.prompt_len[req_id], self.width)
         if self.lookup is not None:
-            buf = self.tokens[req_id]
-            self._slot[req_id] = self.lookup.add(buf.storage, len(buf))
+            self.lookup.start(req_id, self.tokens[req_id])
 
     def _on_update(self, req_id: str, old_len: int) -> None:
         if self.lookup is not None:
-            buf = self.tokens[req_id]
-            self.lookup.set_tokens(self._slot[req_id], buf.storage, len(buf))
+            self.lookup.sync(req_id, self.tokens[req_id])
 
     def _on_stop(self, req_id: str, finished: bool) -> None:
         if self.lookup is not None:
-            self.lookup.remove(self._slot.pop(req_id))
+            self.lookup.stop(req_id)
         st = self._req.pop(req_id)
         if self.shared:  # the last outputs
             self._catch_up_shared(req_id, st)
@@ -233,15 +230,8 @@ class LookaheadProposer(Proposer):
         """See :meth:`Proposer.propose`; prompt lookup runs for the whole batch in one
         call first, the pools and window per request where it found nothing."""
         if self.lookup is not None:
-            k = self.num_speculative_tokens
-            rows = [(rid, k if max_tokens is None else min(k, int(max_tokens[i])))
-                    for i, rid in enumerate(req_ids) if rid in self._slot]
-            rows = [(rid, cap) for rid, cap in rows if cap > 0]
-            if rows:
-                drafts, lens = self.lookup.propose([self._slot[rid] for rid, _ in rows],
-                                                   [cap for _, cap in rows])
-                self._looked_up = {rid: drafts[i, :n] for i, ((rid, _), n)
-                                   in enumerate(zip(rows, lens.tolist())) if n}
+            found = self.lookup.draft(req_ids, self._caps(len(req_ids), max_tokens))
+            self._looked_up = {req_ids[i]: draft for i, draft in found.items()}
         try:
             return super().propose(req_ids, max_tokens)
         finally:
@@ -282,10 +272,12 @@ class LookaheadProposer(Proposer):
             st.win, st.win_traj = st.win[drop:], st.win_traj[drop:]
             st.win_start = length
         looked_up = self._looked_up.get(req_id)
-        n_ctx = min(length, self.width)
-        self._buf[:n_ctx] = buf.view()[length - n_ctx:]
-        n = 0 if looked_up is not None else draft_chain(
-            self._pools(st), self._buf, n_ctx, self.width, max_tokens, self._info)
+        n = 0
+        if looked_up is None:
+            n_ctx = min(length, self.width)
+            self._buf[:n_ctx] = buf.view()[length - n_ctx:]
+            n = draft_chain(self._pools(st), self._buf, n_ctx, self.width, max_tokens,
+                            self._info)
         if looked_up is not None:
             draft = looked_up[:max_tokens].copy()
             traj = self._horizontal(req_id, draft)
@@ -363,5 +355,5 @@ class LookaheadProposer(Proposer):
         """Token buffers, per-request pools and windows, and the shared pool."""
         own = sum(st.pool.nbytes + st.win_traj.nbytes + st.draft_traj.nbytes
                   for st in self._req.values())
-        looked = sum(self.lookup.nbytes(s) for s in self._slot.values()) if self.lookup else 0
+        looked = self.lookup.nbytes if self.lookup is not None else 0
         return super().state_nbytes() + own + looked + sum(p.nbytes for p in self.shared)

@@ -85,20 +85,19 @@ class MtpNgramProposer(NgramProposer):
         Returns:
             One list of int token ids per row, each of length 0..k.
         """
-        k = self.num_speculative_tokens
         n = len(req_ids)
-        caps = [k] * n if max_tokens is None else [min(k, int(c)) for c in max_tokens]
+        caps = self._caps(n, max_tokens)
         heads = [[] for _ in range(n)] if model_drafts is None else model_drafts
         out = [[int(t) for t in heads[i][:max(caps[i], 0)]] for i in range(n)]
-        rows = [i for i in range(n) if caps[i] > len(out[i]) and req_ids[i] in self._slot]
+        rows = [i for i in range(n) if caps[i] > len(out[i]) and req_ids[i] in self.lookup.slots]
         if rows:
             offsets = np.zeros(len(rows) + 1, dtype=np.int64)
             offsets[1:] = np.cumsum([len(out[i]) for i in rows])
             extra = np.fromiter((t for i in rows for t in out[i]), dtype=np.int32,
                                 count=int(offsets[-1]))
-            drafts, lens = self.index.propose([self._slot[req_ids[i]] for i in rows],
-                                              [caps[i] - len(out[i]) for i in rows],
-                                              extra, offsets)
+            drafts, lens = self.lookup.index.propose(
+                [self.lookup.slots[req_ids[i]] for i in rows],
+                [caps[i] - len(out[i]) for i in rows], extra, offsets)
             for j, i in enumerate(rows):
                 out[i] += drafts[j, :lens[j]].tolist()
         return out

@@ -11,8 +11,56 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vllm_specext.proposers.base import Proposer
+import numpy as np
+
+from vllm_specext.proposers.base import Proposer, TokenBuffer
 from vllm_specext.proposers.ngram_index import NgramIndex
+
+
+class PromptLookup:
+    """Prompt lookup over a proposer's requests: one :class:`NgramIndex` stream per
+    request, aliasing the proposer's :class:`TokenBuffer` (used by ``ngram``,
+    ``mtp_ngram`` and ``lookahead``).
+
+    Args:
+        min_n, max_n: shortest and longest suffix n-gram to match
+            (``1 <= min_n <= max_n <= 64``).
+
+    Raises:
+        ValueError: bad n-gram bounds.
+    """
+
+    def __init__(self, min_n: int, max_n: int):
+        self.index = NgramIndex(min_n, max_n)
+        self.slots: dict[str, int] = {}  # request -> its stream in self.index
+
+    def start(self, req_id: str, buf: TokenBuffer) -> None:
+        """Start indexing ``req_id``'s tokens ``buf``."""
+        self.slots[req_id] = self.index.add(buf.storage, len(buf))
+
+    def sync(self, req_id: str, buf: TokenBuffer) -> None:
+        """``buf`` grew (O(1); the new tokens are indexed at the next lookup)."""
+        self.index.set_tokens(self.slots[req_id], buf.storage, len(buf))
+
+    def stop(self, req_id: str) -> None:
+        """Forget ``req_id``."""
+        self.index.remove(self.slots.pop(req_id))
+
+    def draft(self, req_ids: Sequence[str], caps: Sequence[int]) -> dict[int, np.ndarray]:
+        """Drafts of a batch in one numba call: ``{row: int32 (caps[row],)}`` for the rows
+        whose context suffix occurred before (rows with cap <= 0 or an unknown request are
+        skipped)."""
+        rows = [i for i, rid in enumerate(req_ids) if caps[i] > 0 and rid in self.slots]
+        if not rows:
+            return {}
+        drafts, lens = self.index.propose([self.slots[req_ids[i]] for i in rows],
+                                          [caps[i] for i in rows])
+        return {i: drafts[j, :n] for j, (i, n) in enumerate(zip(rows, lens.tolist())) if n}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every stream's table and hash state."""
+        return sum(self.index.nbytes(s) for s in self.slots.values())
 
 
 class NgramProposer(Proposer):
@@ -35,37 +83,23 @@ class NgramProposer(Proposer):
     def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int = 2,
                  prompt_lookup_max: int = 5):
         super().__init__(num_speculative_tokens)
-        self.index = NgramIndex(prompt_lookup_min, prompt_lookup_max)
-        self._slot: dict[str, int] = {}
+        self.lookup = PromptLookup(prompt_lookup_min, prompt_lookup_max)
 
     def _on_start(self, req_id: str) -> None:
-        buf = self.tokens[req_id]
-        self._slot[req_id] = self.index.add(buf.storage, len(buf))
+        self.lookup.start(req_id, self.tokens[req_id])
 
     def _on_update(self, req_id: str, old_len: int) -> None:
-        buf = self.tokens[req_id]
-        self.index.set_tokens(self._slot[req_id], buf.storage, len(buf))
+        self.lookup.sync(req_id, self.tokens[req_id])
 
     def _on_stop(self, req_id: str, finished: bool) -> None:
-        self.index.remove(self._slot.pop(req_id))
+        self.lookup.stop(req_id)
 
     def propose(self, req_ids: Sequence[str],
                 max_tokens: Sequence[int] | None = None) -> list[list[int]]:
         """Batched drafting, one numba call for the known requests (see ``Proposer.propose``)."""
-        k = self.num_speculative_tokens
-        get = self._slot.get
-        if max_tokens is None:
-            caps = [k] * len(req_ids)
-        else:
-            caps = [min(k, int(m)) for m in max_tokens]
-        rows = [i for i, rid in enumerate(req_ids) if caps[i] > 0 and rid in self._slot]
         out: list[list[int]] = [[] for _ in req_ids]
-        if rows:
-            drafts, lens = self.index.propose([get(req_ids[i]) for i in rows],
-                                              [caps[i] for i in rows])
-            for i, draft, n in zip(rows, drafts.tolist(), lens.tolist()):
-                if n:
-                    out[i] = draft[:n]
+        for i, draft in self.lookup.draft(req_ids, self._caps(len(req_ids), max_tokens)).items():
+            out[i] = draft.tolist()
         return out
 
     def _propose_one(self, req_id: str, max_tokens: int) -> list[int]:
@@ -73,4 +107,4 @@ class NgramProposer(Proposer):
 
     def state_nbytes(self) -> int:
         """Token buffers plus every request's n-gram table."""
-        return super().state_nbytes() + sum(self.index.nbytes(s) for s in self._slot.values())
+        return super().state_nbytes() + self.lookup.nbytes
