@@ -130,3 +130,19 @@ def test_match_kind_buckets_by_powers_of_two():
 
     assert [match_kind(m) for m in (0, 1, 2, 3, 4, 7, 8, 15, 16, 1000, -3)] == \
         [0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 0]
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "memory_decoding", "lookahead"])
+def test_last_kinds_one_small_int_per_row(method):
+    """Proposers that tell draft kinds apart report one kind per row, 0 for no draft."""
+    p = build_proposer(method, num_speculative_tokens=K)
+    p.start_request("a", [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2])
+    p.start_request("b", [7, 8, 9])
+    ids = ["a", "b", "missing", "a"]
+    drafts = p.propose(ids, [K, K, K, 0])
+    _valid(drafts, ids, [K, K, K, 0])
+    assert len(p.last_kinds) == len(ids)
+    assert all(isinstance(k, int) and 0 <= k < 8 for k in p.last_kinds)
+    assert all(k == 0 for d, k in zip(drafts, p.last_kinds) if not d)
+    if method in ("ngram", "suffix", "memory_decoding"):
+        assert drafts[0] and p.last_kinds[0] > 0  # a copy of the repeated pattern

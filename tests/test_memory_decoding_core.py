@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from vllm_specext.config import SpecExtConfigError, validate_config
 from vllm_specext.proposers import build_proposer
-from vllm_specext.proposers.memory_decoding import (H_PTR, MemoryDecodingProposer,
-                                                     _local_match, _stats_size)
+from vllm_specext.proposers.memory_decoding import (COPY, H_PTR, TRIE,
+                                                     MemoryDecodingProposer, _local_match,
+                                                     _stats_size, draft_kind)
 from vllm_specext.proposers.memory_trie import (BEST, BYTES_PER_NODE, CNT, PARENT, ROOT,
                                                 STAMP, FrequencyTrie, match)
 
@@ -152,6 +153,24 @@ def test_drafts_copy_context_and_learn_across_requests():
     assert p.propose(["b"]) == [[42, 43, 44, 45, 46]]
     assert p.propose(["b"], max_tokens=[2]) == [[42, 43]]
     assert p.propose(["nope"]) == [[]]
+
+
+def test_draft_kinds_name_the_candidate_and_its_match_length():
+    assert [draft_kind(COPY, o) for o in (1, 2, 3, 4, 9)] == [1, 2, 3, 4, 4]
+    assert [draft_kind(TRIE, o) for o in (0, 1, 2, 3, 4, 9)] == [4, 5, 6, 7, 7, 7]
+    p = MemoryDecodingProposer(8)
+    p.start_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
+    assert p.propose(["a", "nope"]) == [[4, 5, 6, 7, 8, 9, 1, 2], []]
+    assert p.last_kinds == [draft_kind(COPY, 3), 0]  # copy after a 3-token match
+    p.update("a", [4, 5, 40, 41, 42, 43, 44, 45, 46])
+    p.stop_request("a")
+    p.start_request("b", [70, 71, 40, 41])
+    p.start_request("c", [70, 71, 72])
+    assert p.propose(["c", "b", "b"], [8, 8, 0]) == [[], [42, 43, 44, 45, 46], []]
+    assert p.last_kinds == [0, draft_kind(TRIE, 2), 0]  # trie path below "40 41"
+    p.update("b", list(range(100, 300)) + [40, 41])  # the state array grows
+    assert len(p.propose(["b"])[0]) == 8
+    assert p.last_kinds == [draft_kind(COPY, 2)]  # now its own context has "40 41"
 
 
 def test_tree_is_a_valid_tree_with_the_chain_first():

@@ -8,14 +8,15 @@ from hypothesis import strategies as st
 
 from vllm_specext.config import SpecExtConfigError
 from vllm_specext.proposers import build_proposer
-from vllm_specext.proposers.ngram import NgramProposer
+from vllm_specext.proposers.ngram import NgramProposer, ngram_kind
 from vllm_specext.proposers.ngram_index import (NgramIndex, ngram_key, table_get, table_grow,
                                                 table_put)
 
 
-def reference(tokens, extra, min_n, max_n, cap):
+def reference(tokens, extra, min_n, max_n, cap, with_n=False):
     """Longest suffix n-gram of tokens+extra in [min_n, max_n] with an earlier occurrence
-    ending at or before len(tokens)-2 (most recent one); periodic continuation."""
+    ending at or before len(tokens)-2 (most recent one); periodic continuation.
+    ``with_n``: return ``(draft, n)``, n = 0 for no draft."""
     v = list(tokens) + list(extra)
     length, total = len(tokens), len(v)
     for n in range(max_n, min_n - 1, -1):
@@ -25,8 +26,9 @@ def reference(tokens, extra, min_n, max_n, cap):
         for end in range(length - 2, n - 2, -1):
             if v[end - n + 1:end + 1] == suffix:
                 s = end + 1
-                return [v[s + i % (total - s)] for i in range(cap)]
-    return []
+                draft = [v[s + i % (total - s)] for i in range(cap)]
+                return (draft, n) if with_n else draft
+    return ([], 0) if with_n else []
 
 
 # ---------------------------------------------------------------- token streams
@@ -62,7 +64,9 @@ def test_proposer_matches_reference_incrementally(stream, bounds, k, data):
     while True:
         cap = data.draw(st.integers(1, k))
         got = p.propose(["r"], [cap])[0]
-        assert got == reference(stream[:pos], [], lo, hi, cap)
+        want, n = reference(stream[:pos], [], lo, hi, cap, with_n=True)
+        assert got == want
+        assert p.last_kinds == [ngram_kind(n, lo, hi)]
         if pos == len(stream):
             break
         step = data.draw(st.integers(1, min(9, len(stream) - pos)))
@@ -80,6 +84,10 @@ def test_lookup_with_uncommitted_extra_tokens(stream, extra, bounds, cap):
     slot = idx.add(toks, len(toks))
     got = idx.lookup(slot, cap, extra).tolist()
     assert got == reference(stream, extra, lo, hi, cap)
+    ext = np.asarray(extra, dtype=np.int32)
+    matched = np.full(1, -1, dtype=np.int64)
+    idx.propose([slot], [cap], ext, np.array([0, ext.size], np.int64), matched=matched)
+    assert matched[0] == reference(stream, extra, lo, hi, cap, with_n=True)[1]
     # the extra tokens are not indexed: the plain lookup is unchanged
     assert idx.lookup(slot, cap).tolist() == reference(stream, [], lo, hi, cap)
 
@@ -97,6 +105,32 @@ def test_batched_propose_matches_single():
     assert batch[-1] == []
     for rid, cap, got in zip(ids[:-1], caps, batch):
         assert got == reference(streams[rid], [], 2, 4, cap)
+
+
+def test_matched_ngram_length_and_draft_kinds():
+    idx = NgramIndex(2, 4)
+    toks = np.array([1, 2, 3, 4, 9, 2, 3, 4, 7, 3, 4], np.int32)
+    a = idx.add(toks, len(toks))  # suffix "3 4" occurred, "7 3 4" did not: n = 2
+    b = idx.add(toks, 8)  # suffix "2 3 4" occurred: n = 3
+    c = idx.add(toks, 3)  # no earlier occurrence: no draft
+    matched = np.full(4, -1, dtype=np.int64)
+    drafts, lens = idx.propose([a, b, c, b], [2, 3, 2, 0], matched=matched)
+    assert lens.tolist() == [2, 3, 0, 0] and matched.tolist() == [2, 3, 0, 0]
+    assert drafts[0, :2].tolist() == [7, 3] and drafts[1, :3].tolist() == [9, 2, 3]
+    with pytest.raises(ValueError):
+        idx.propose([a], [2], matched=np.zeros(2, np.int64))
+    with pytest.raises(ValueError):
+        idx.propose([a], [2], matched=np.zeros(1, np.int32))
+    # kinds: 1 shortest n-gram only, 2 in between, 3 longest; 0 no draft
+    assert [ngram_kind(n, 2, 5) for n in (0, 2, 3, 4, 5)] == [0, 1, 2, 2, 3]
+    assert [ngram_kind(n, 3, 3) for n in (0, 3)] == [0, 1]
+    p = NgramProposer(4, 2, 3)
+    p.start_request("a", toks.tolist())
+    p.start_request("b", toks[:8].tolist())
+    p.start_request("c", toks[:3].tolist())
+    assert p.propose(["a", "b", "c", "missing", "b"], [4, 4, 4, 4, 0]) == \
+        [[7, 3, 4, 7], [9, 2, 3, 4], [], [], []]
+    assert p.last_kinds == [1, 3, 0, 0, 0]
 
 
 def test_long_stream_and_buffer_growth():

@@ -212,7 +212,8 @@ def _draft_from(tok, length, extra, s, n, cap, out) -> bool:
 
 @njit(cache=True)
 def _lookup(tok, length, table, h0, extra, min_n, max_n, cap, out) -> int:
-    """Draft up to ``cap`` tokens into ``out`` for stream ``tok[:length] ++ extra``."""
+    """Draft ``cap`` tokens into ``out`` for stream ``tok[:length] ++ extra``; returns the
+    matched suffix length ``n`` (``min_n <= n <= max_n``), or 0 for no draft."""
     total = length + extra.size
     if min_n > total or table.size == 0:
         return 0
@@ -233,14 +234,15 @@ def _lookup(tok, length, table, h0, extra, min_n, max_n, cap, out) -> int:
         if n <= total:
             s = table_get(table, _mix(h[j], n))
             if s >= 0 and _draft_from(tok, length, extra, s, n, cap, out):
-                return cap
-    return cap if _draft_from(tok, length, extra, s_min, min_n, cap, out) else 0
+                return n
+    return min_n if _draft_from(tok, length, extra, s_min, min_n, cap, out) else 0
 
 
 @njit(cache=True)
 def _propose_batch(toks, tables, lens, pos, count, hashes, slots, caps,
-                   extra, extra_off, min_n, max_n, out, out_len):
-    """Catch up and look up every stream of the batch (one numba call per batch)."""
+                   extra, extra_off, min_n, max_n, out, out_len, out_n):
+    """Catch up and look up every stream of the batch (one numba call per batch); row
+    ``b``'s draft length goes to ``out_len[b]``, its matched n-gram length to ``out_n[b]``."""
     for b in range(slots.size):
         s = slots[b]
         tok = toks[s]
@@ -252,11 +254,12 @@ def _propose_batch(toks, tables, lens, pos, count, hashes, slots, caps,
             if grown.size != table.size:
                 tables[s] = grown
                 table = grown
-        out_len[b] = 0
+        out_len[b] = out_n[b] = 0
         if caps[b] > 0:
-            out_len[b] = _lookup(tok, lens[s], table, hashes[s],
-                                 extra[extra_off[b]:extra_off[b + 1]], min_n, max_n,
-                                 caps[b], out[b])
+            out_n[b] = _lookup(tok, lens[s], table, hashes[s],
+                               extra[extra_off[b]:extra_off[b + 1]], min_n, max_n,
+                               caps[b], out[b])
+            out_len[b] = caps[b] if out_n[b] else 0
 
 
 # ------------------------------------------------------------------ multi-stream index
@@ -359,7 +362,7 @@ class NgramIndex:
     # ---------------------------------------------------------------- lookup
     def propose(self, slots: Sequence[int] | np.ndarray, max_tokens: Sequence[int] | np.ndarray,
                 extra: np.ndarray | None = None, extra_offsets: np.ndarray | None = None,
-                ) -> tuple[np.ndarray, np.ndarray]:
+                matched: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Index pending tokens and draft for a batch of streams in one numba call.
 
         Args:
@@ -370,6 +373,9 @@ class NgramIndex:
                 as ``tokens[:length] ++ extra[extra_offsets[b]:extra_offsets[b+1]]``.
                 They are matched against and drafted from, but never indexed.
             extra_offsets: int64 ``(B + 1,)``, required with ``extra``.
+            matched: optional int64 ``(B,)`` output: filled with the length ``n`` of the
+                suffix n-gram each stream's draft continues (``min_n..max_n``; 0 where
+                there is no draft).
 
         Returns:
             ``(drafts, lengths)``: int32 ``(B, max(max_tokens))`` and int64 ``(B,)``;
@@ -384,10 +390,14 @@ class NgramIndex:
         extra_offsets = np.asarray(extra_offsets, dtype=np.int64)
         out = np.empty((nb, max(int(caps.max()) if nb else 0, 1)), dtype=np.int32)
         out_len = np.zeros(nb, dtype=np.int64)
+        if matched is None:
+            matched = np.zeros(nb, dtype=np.int64)
+        elif matched.dtype != np.int64 or matched.shape != (nb,):
+            raise ValueError(f"matched must be an int64 array of shape ({nb},)")
         if nb:
             _propose_batch(self._toks, self._tables, self._lens, self._pos, self._count,
                            self._hashes, slots, caps, extra, extra_offsets,
-                           self.min_n, self.max_n, out, out_len)
+                           self.min_n, self.max_n, out, out_len, matched)
         return out, out_len
 
     def lookup(self, slot: int, max_tokens: int, extra: Sequence[int] = ()) -> np.ndarray:
