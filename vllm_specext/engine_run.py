@@ -2,7 +2,9 @@
 
 A fresh engine per configuration keeps runs independent: no prefix-cache hits and no
 cross-request proposer state carried from another configuration. Used by the demo,
-the end-to-end tests and the benchmarks.
+the end-to-end tests and the benchmarks. :class:`EngineProcess` keeps such an engine
+alive between cells, so that a benchmark can interleave several configurations' engines
+cell by cell.
 
 Command line (job JSON on stdin, result JSON written to OUT.json)::
 
@@ -11,11 +13,13 @@ Command line (job JSON on stdin, result JSON written to OUT.json)::
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from typing import Any
 
 DEFAULT_KV_CACHE_GIB = "2"
@@ -30,26 +34,15 @@ def _counter(metrics: list, name: str) -> float:
     return total
 
 
-def generate(job: dict[str, Any]) -> dict[str, Any]:
-    """Start one engine and run a job (or each of ``job["cells"]``) in this process.
+def start_engine(job: dict[str, Any]) -> Any:
+    """Create the ``vllm.LLM`` of a job's engine keys (see :func:`generate`), warm it up
+    (unless ``job["warmup"]`` is false) and freeze its workers' start-up heap.
 
-    Args:
-        job: engine keys ``{"spec": dict | None, "model": str | None, "dtype": "float32",
-            "seed": int, "max_model_len": int, "enable_prefix_caching": bool,
-            "warmup": bool}`` plus either the keys of one cell or ``"cells": [cell, ...]``.
-            A cell: ``{"prompts": list[str] | None, "chats": list[list[dict]] | None
-            (rendered with the model's chat template), "max_tokens": int,
-            "temperature": float, "n": int, "request_seed": int | None, "sampling": dict
-            (extra SamplingParams), "batch_size": int | None (prompts per ``generate`` call;
-            None = all at once)}``.
-
-    Returns:
-        One result per cell (``{"cells": [...]}`` when cells were given), each
-        ``{"texts", "token_ids", "seconds" (generate wall time), "output_tokens",
-        "tokens_per_s", "ttft_s" and "tpot_s" (per-request lists, seconds), "num_drafts",
-        "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length", "tau"}``;
-        ``tau`` (output tokens per target step) is estimated as output / (output - accepted).
+    The CPU KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) is ``job["kv_cache_gib"]`` when
+    given, else the environment's value, else 2.
     """
+    if "kv_cache_gib" in job:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(job["kv_cache_gib"])
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB)
     from vllm import LLM, SamplingParams
 
@@ -67,6 +60,30 @@ def generate(job: dict[str, Any]) -> dict[str, Any]:
     # frozen (what a vllm_specext drafter does by itself), so that a ~0.4 s full garbage
     # collection does not land in one configuration's timing and not in another's.
     llm.collective_rpc("specext_freeze_gc")
+    return llm
+
+
+def generate(job: dict[str, Any]) -> dict[str, Any]:
+    """Start one engine and run a job (or each of ``job["cells"]``) in this process.
+
+    Args:
+        job: engine keys ``{"spec": dict | None, "model": str | None, "dtype": "float32",
+            "seed": int, "max_model_len": int, "enable_prefix_caching": bool,
+            "warmup": bool, "kv_cache_gib": int}`` plus either the keys of one cell or ``"cells": [cell, ...]``.
+            A cell: ``{"prompts": list[str] | None, "chats": list[list[dict]] | None
+            (rendered with the model's chat template), "max_tokens": int,
+            "temperature": float, "n": int, "request_seed": int | None, "sampling": dict
+            (extra SamplingParams), "batch_size": int | None (prompts per ``generate`` call;
+            None = all at once)}``.
+
+    Returns:
+        One result per cell (``{"cells": [...]}`` when cells were given), each
+        ``{"texts", "token_ids", "seconds" (generate wall time), "output_tokens",
+        "tokens_per_s", "ttft_s" and "tpot_s" (per-request lists, seconds), "num_drafts",
+        "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length", "tau"}``;
+        ``tau`` (output tokens per target step) is estimated as output / (output - accepted).
+    """
+    llm = start_engine(job)
     if "cells" in job:
         return {"cells": [_run_cell(llm, cell) for cell in job["cells"]]}
     return _run_cell(llm, job)
@@ -147,6 +164,88 @@ def generate_in_subprocess(job: dict[str, Any], timeout: float = 900) -> dict[st
     """Run :func:`generate` in a fresh Python process (a fresh engine); errors as
     :func:`run_json_child`."""
     return run_json_child(["-m", "vllm_specext.engine_run"], job, timeout)
+
+
+class EngineProcess:
+    """One engine (:func:`start_engine` of ``job``) alive in a spawned child process,
+    running cells (see :func:`generate`) one at a time on request.
+
+    The caller's ``__main__`` needs an ``if __name__ == "__main__":`` guard (spawn).
+    Construction returns at once; :meth:`wait_ready` waits for the engine.
+    """
+
+    def __init__(self, job: dict[str, Any]):
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, job), name="specext-engine")
+        self._proc.start()
+        child.close()
+
+    def _receive(self, timeout: float) -> Any:
+        if not self._conn.poll(timeout):
+            raise TimeoutError(f"engine gave no answer within {timeout:.0f} s")
+        status, payload = self._conn.recv()
+        if status == "error":
+            raise RuntimeError(f"engine failed:\n{payload}")
+        return payload
+
+    def wait_ready(self, timeout: float = 900) -> None:
+        """Block until the engine is up.
+
+        Raises:
+            RuntimeError: the engine failed to start (message: the child's traceback).
+            TimeoutError: no answer within ``timeout`` seconds.
+        """
+        self._receive(timeout)
+
+    def run(self, cell: dict[str, Any], timeout: float = 3600) -> dict[str, Any]:
+        """Run one cell and return its result (keys as :func:`generate`'s).
+
+        Raises:
+            RuntimeError: the cell failed (the engine is closed then).
+            TimeoutError: no result within ``timeout`` seconds.
+        """
+        self._conn.send(cell)
+        return self._receive(timeout)
+
+    def stop(self) -> None:
+        """Ask the engine to shut down, without waiting (see :meth:`close`)."""
+        if not self._conn.closed:
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self._conn.close()
+
+    def close(self, timeout: float = 120) -> None:
+        """Shut the engine down and wait for its processes to exit (killed after
+        ``timeout`` s). Calling :meth:`stop` on several engines first lets them shut
+        down in parallel."""
+        self.stop()
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+
+
+def _serve(conn: Any, job: dict[str, Any]) -> None:
+    """Child side of :class:`EngineProcess`: start the engine, then answer cells until
+    ``None`` arrives; any exception is sent back as ``("error", traceback)``."""
+    llm = None
+    try:
+        llm = start_engine(job)
+        conn.send(("ready", None))
+        while (cell := conn.recv()) is not None:
+            conn.send(("ok", _run_cell(llm, cell)))
+    except Exception:  # reported to the parent, which decides what to do
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+        # A multiprocessing child ends with os._exit, which skips the atexit finalizer
+        # that stops the engine-core and worker processes: stop them here.
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if hasattr(core, "shutdown"):
+            core.shutdown()
 
 
 def main() -> None:

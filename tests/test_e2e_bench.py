@@ -1,0 +1,76 @@
+"""Units of the end-to-end benchmark's interleaving: engine groups, units, merging and
+the pairing of each configuration with its own group's ``none``."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    sys.path.insert(0, str(BENCH))  # e2e.py imports its sibling workloads.py
+    try:
+        spec = importlib.util.spec_from_file_location("bench_e2e", BENCH / "e2e.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_groups_hold_none_and_every_configuration_once(e2e):
+    configs = ["none", "a", "b", "c", "d", "e", "f", "g"]
+    groups = e2e.engine_groups(configs, 4)
+    assert all(g[0] == "none" and len(g) <= 4 for g in groups)
+    assert sorted(c for g in groups for c in g[1:]) == configs[1:]
+    assert [len(g) for g in groups] == [4, 3, 3]  # as even as possible
+    assert e2e.engine_groups(["none", "a"], 4) == [["none", "a"]]
+    with pytest.raises(ValueError, match="engines_at_once"):
+        e2e.engine_groups(configs, 1)
+
+
+def test_units_are_prompts_at_batch_1_and_one_batch_otherwise(e2e):
+    one = e2e.units("summarization", 1, 3, 16)
+    assert len(one) == 3 and all(len(u["chats"]) == 1 and u["batch_size"] == 1 for u in one)
+    eight = e2e.units("summarization", 8, 3, 16)
+    assert len(eight) == 1 and len(eight[0]["chats"]) == 8 and eight[0]["max_tokens"] == 16
+
+
+def _result(seconds, tokens, drafts=0, draft_tokens=0, accepted=0):
+    return {"seconds": seconds, "output_tokens": tokens, "num_drafts": drafts,
+            "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
+            "token_ids": [[1] * tokens], "ttft_s": [0.1], "tpot_s": [0.02]}
+
+
+def test_merge_recomputes_rates_from_sums(e2e):
+    out = e2e.merge([_result(1.0, 10, 2, 8, 4), _result(3.0, 30, 6, 24, 12)])
+    assert out["tokens_per_s"] == 10.0
+    assert out["mean_acceptance_length"] == 1 + 16 / 8
+    assert out["tau"] == 40 / (40 - 16)
+    assert len(out["token_ids"]) == 2 and out["ttft_s"] == [0.1, 0.1]
+
+
+def test_summary_pairs_each_configuration_with_its_groups_none(e2e):
+    def run(rnd, config, group, tps, base_tps, ids=(1, 2)):
+        return {"round": rnd, "batch": 1, "workload": "summarization", "config": config,
+                "group": group, "tokens_per_s": tps, "base_tokens_per_s": base_tps,
+                "ttft_s": [0.2], "base_ttft_s": [0.1], "tpot_s": [0.01], "tau": 2.0,
+                "mean_acceptance_length": 2.0, "num_draft_tokens": 4,
+                "num_accepted_tokens": 2, "token_ids": [list(ids)],
+                "base_token_ids": [[1, 2]]}
+
+    runs = [run(0, "none", ["none", "a"], 10, 10), run(0, "a", ["none", "a"], 15, 10),
+            run(0, "none", ["none", "b"], 20, 20), run(0, "b", ["none", "b"], 22, 20, (1, 3)),
+            run(1, "a", ["none", "a"], 13, 10)]
+    rows = {r["config"]: r for r in e2e.summarize(runs)}
+    assert rows["a"]["speedup"] == pytest.approx(1.4)  # median of 1.5 and 1.3
+    assert (rows["a"]["speedup_min"], rows["a"]["speedup_max"]) == (1.3, 1.5)
+    assert rows["b"]["speedup"] == pytest.approx(1.1)  # against its own group's none
+    assert rows["a"]["ttft_ratio"] == pytest.approx(2.0)
+    assert (rows["a"]["identical"], rows["b"]["identical"]) == (2, 0)
+    assert rows["none"]["speedup"] == 1.0 and rows["none"]["measurements"] == 2
