@@ -233,11 +233,13 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize(runs: list[dict]) -> list[dict]:
-    """One row per (workload, batch, config): medians over rounds of the ratios paired
-    with the ``none`` engine of the same round and group, identity of greedy outputs
-    against that ``none``."""
-    order = ["none"] + [c for c in dict.fromkeys(r["config"] for r in runs) if c != "none"]
+def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
+    """One row per (workload, batch, config), configs in the order of ``configs`` (None:
+    as they appear in ``runs``): medians over rounds of the ratios paired with the
+    ``none`` engine of the same round and group, identity of greedy outputs against that
+    ``none``."""
+    seen = list(dict.fromkeys([*(configs or []), *(r["config"] for r in runs)]))
+    order = ["none"] + [c for c in seen if c != "none"]
     keys = sorted({(r["workload"], r["batch"], r["config"]) for r in runs},
                   key=lambda t: (list(WORKLOADS).index(t[0]), t[1], order.index(t[2])))
     rows = []
@@ -408,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     runs, errors = run_benchmark(configs, workloads, batch_sizes, args.batch1_prompts,
                                  max_tokens, rounds, args.dtype, args.timeout,
                                  args.engines_at_once, args.kv_cache_gib)
-    rows = summarize(runs)
+    rows = summarize(runs, list(configs))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "summary": rows, "errors": errors,

@@ -68,6 +68,7 @@ def test_summary_pairs_each_configuration_with_its_groups_none(e2e):
             run(0, "none", ["none", "b"], 20, 20), run(0, "b", ["none", "b"], 22, 20, (1, 3)),
             run(1, "a", ["none", "a"], 13, 10)]
     rows = {r["config"]: r for r in e2e.summarize(runs)}
+    assert [r["config"] for r in e2e.summarize(runs, ["none", "b", "a"])] == ["none", "b", "a"]
     assert rows["a"]["speedup"] == pytest.approx(1.4)  # median of 1.5 and 1.3
     assert (rows["a"]["speedup_min"], rows["a"]["speedup_max"]) == (1.3, 1.5)
     assert rows["b"]["speedup"] == pytest.approx(1.1)  # against its own group's none
