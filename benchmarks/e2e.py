@@ -14,8 +14,9 @@ collection of an unfrozen worker heap stalls a step by ~0.4 s on CPU). The group
 run every unit back to back, the order rotating by one engine per unit: at batch 1 a unit
 is one prompt (``--batch1-prompts`` per workload, sent one at a time); at batch B it is the
 first B prompts of the workload in one ``generate()`` call. Each configuration's ratio is
-paired with its own group's ``none`` measured seconds apart on the same prompts, so that
-the machine's drift (±4% per cell when configurations ran minutes apart) cancels. A
+paired with its own group's ``none`` measured seconds apart on the same prompts, so
+that drift of the machine between configurations cancels (what remains is per-run noise:
+``naive``, which computes exactly what ``none`` does, reads 0.95-1.06x per round here). A
 cross-request cache (``suffix``, ``memory_decoding``) never sees a prompt's output before
 it is timed: the workloads run once per engine, and the batch sizes reuse the same prompts
 in other engines. ``--rounds`` repeats the whole cycle with fresh engines.
@@ -157,9 +158,9 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
             for group in engine_groups(list(configs), engines_at_once):
                 label = f"round {rnd} batch {batch:>2} {'+'.join(group)}"
                 start = time.perf_counter()
-                cells = _run_group_with_retry(group, configs, workloads, batch,
+                cells = _run_group_with_retry(label, group, configs, workloads, batch,
                                               batch1_prompts, max_tokens, dtype, timeout,
-                                              kv_cache_gib, label)
+                                              kv_cache_gib)
                 if isinstance(cells, str):  # keep the other groups' results
                     errors.append({"round": rnd, "batch": batch, "config": "+".join(group),
                                    "error": cells})
@@ -181,11 +182,10 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
     return runs, errors
 
 
-def _run_group_with_retry(*args: Any) -> dict[tuple[str, str], dict] | str:
-    """:func:`_run_group` (all but the last argument, the label), or the error text: a
+def _run_group_with_retry(label: str, *args: Any) -> dict[tuple[str, str], dict] | str:
+    """:func:`_run_group` of ``args``, or the error text (printed after ``label``): a
     failed group is tried once more (an engine start can fail while others start); a
     timeout is not."""
-    *args, label = args
     for attempt in (1, 2):
         try:
             return _run_group(*args)

@@ -202,7 +202,7 @@ class EngineProcess:
         """Run one cell and return its result (keys as :func:`generate`'s).
 
         Raises:
-            RuntimeError: the cell failed (the engine is closed then).
+            RuntimeError: the cell failed (its engine has shut down).
             TimeoutError: no result within ``timeout`` seconds.
         """
         self._conn.send(cell)
