@@ -231,7 +231,7 @@ class LookaheadProposer(Proposer):
         call first, the pools and window per request where it found nothing."""
         if self.lookup is not None:
             found = self.lookup.draft(req_ids, self._caps(len(req_ids), max_tokens))
-            self._looked_up = {req_ids[i]: draft for i, draft in found.items()}
+            self._looked_up = {req_ids[i]: draft for i, (draft, _) in found.items()}
         try:
             return super().propose(req_ids, max_tokens)
         finally:

@@ -49,22 +49,20 @@ class PromptLookup:
         """Forget ``req_id``."""
         self.index.remove(self.slots.pop(req_id))
 
-    def draft(self, req_ids: Sequence[str], caps: Sequence[int],
-              matched: dict[int, int] | None = None) -> dict[int, np.ndarray]:
-        """Drafts of a batch in one numba call: ``{row: int32 (caps[row],)}`` for the rows
-        whose context suffix occurred before (rows with cap <= 0 or an unknown request are
-        skipped). If given, ``matched`` receives ``{row: n}`` for the same rows, ``n`` the
-        length of the suffix n-gram the draft continues (``min_n..max_n``)."""
+    def draft(self, req_ids: Sequence[str],
+              caps: Sequence[int]) -> dict[int, tuple[np.ndarray, int]]:
+        """Drafts of a batch in one numba call: ``{row: (int32 (caps[row],), n)}`` for the
+        rows whose context suffix occurred before, ``n`` the length of the suffix n-gram
+        the draft continues (``min_n..max_n``); rows with cap <= 0 or an unknown request
+        are skipped."""
         rows = [i for i, rid in enumerate(req_ids) if caps[i] > 0 and rid in self.slots]
         if not rows:
             return {}
-        ns = np.zeros(len(rows), dtype=np.int64)
+        matched = np.zeros(len(rows), dtype=np.int64)
         drafts, lens = self.index.propose([self.slots[req_ids[i]] for i in rows],
-                                          [caps[i] for i in rows], matched=ns)
-        found = {i: drafts[j, :n] for j, (i, n) in enumerate(zip(rows, lens.tolist())) if n}
-        if matched is not None:
-            matched.update((i, int(ns[j])) for j, i in enumerate(rows) if i in found)
-        return found
+                                          [caps[i] for i in rows], matched=matched)
+        return {i: (drafts[j, :lens[j]], int(matched[j])) for j, i in enumerate(rows)
+                if lens[j]}
 
     @property
     def nbytes(self) -> int:
@@ -127,12 +125,11 @@ class NgramProposer(Proposer):
         n-gram its draft continues (0: no draft)."""
         out: list[list[int]] = [[] for _ in req_ids]
         kinds = [0] * len(req_ids)
-        matched: dict[int, int] = {}
-        caps = self._caps(len(req_ids), max_tokens)
-        for i, draft in self.lookup.draft(req_ids, caps, matched).items():
+        index = self.lookup.index
+        for i, (draft, n) in self.lookup.draft(req_ids,
+                                               self._caps(len(req_ids), max_tokens)).items():
             out[i] = draft.tolist()
-            kinds[i] = ngram_kind(matched[i], self.lookup.index.min_n,
-                                  self.lookup.index.max_n)
+            kinds[i] = ngram_kind(n, index.min_n, index.max_n)
         self.last_kinds = kinds
         return out
 

@@ -240,9 +240,10 @@ def _lookup(tok, length, table, h0, extra, min_n, max_n, cap, out) -> int:
 
 @njit(cache=True)
 def _propose_batch(toks, tables, lens, pos, count, hashes, slots, caps,
-                   extra, extra_off, min_n, max_n, out, out_len, out_n):
+                   extra, extra_off, min_n, max_n, out, out_n):
     """Catch up and look up every stream of the batch (one numba call per batch); row
-    ``b``'s draft length goes to ``out_len[b]``, its matched n-gram length to ``out_n[b]``."""
+    ``b``'s matched n-gram length goes to ``out_n[b]`` (0: no draft; else ``out[b]`` holds
+    ``caps[b]`` drafted tokens)."""
     for b in range(slots.size):
         s = slots[b]
         tok = toks[s]
@@ -254,12 +255,11 @@ def _propose_batch(toks, tables, lens, pos, count, hashes, slots, caps,
             if grown.size != table.size:
                 tables[s] = grown
                 table = grown
-        out_len[b] = out_n[b] = 0
+        out_n[b] = 0
         if caps[b] > 0:
             out_n[b] = _lookup(tok, lens[s], table, hashes[s],
                                extra[extra_off[b]:extra_off[b + 1]], min_n, max_n,
                                caps[b], out[b])
-            out_len[b] = caps[b] if out_n[b] else 0
 
 
 # ------------------------------------------------------------------ multi-stream index
@@ -389,7 +389,6 @@ class NgramIndex:
         extra = np.ascontiguousarray(extra, dtype=np.int32)
         extra_offsets = np.asarray(extra_offsets, dtype=np.int64)
         out = np.empty((nb, max(int(caps.max()) if nb else 0, 1)), dtype=np.int32)
-        out_len = np.zeros(nb, dtype=np.int64)
         if matched is None:
             matched = np.zeros(nb, dtype=np.int64)
         elif matched.dtype != np.int64 or matched.shape != (nb,):
@@ -397,8 +396,8 @@ class NgramIndex:
         if nb:
             _propose_batch(self._toks, self._tables, self._lens, self._pos, self._count,
                            self._hashes, slots, caps, extra, extra_offsets,
-                           self.min_n, self.max_n, out, out_len, matched)
-        return out, out_len
+                           self.min_n, self.max_n, out, matched)
+        return out, np.where(matched > 0, caps, 0)
 
     def lookup(self, slot: int, max_tokens: int, extra: Sequence[int] = ()) -> np.ndarray:
         """Draft for one stream, optionally with uncommitted ``extra`` tokens appended.
