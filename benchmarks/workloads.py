@@ -434,3 +434,15 @@ WORKLOADS: dict[str, list[Chat]] = {
     "code_generation": _mixed(_TASKS, _LANGUAGES, "Write a {instruction} function that {doc} "
                               "Include a doc comment and a short usage example."),
 }
+
+
+def warmup_chats(n: int) -> list[Chat]:
+    """``n`` synthetic chats (~330 tokens each, none from the workloads) that ask the model
+    to copy a list: a benchmark runs them untimed at its batch size first, so that each
+    engine has allocated and touched its memory for long prefills and for drafted steps
+    (copying is drafted by every method) before anything is timed."""
+    colors = ["red", "green", "blue", "amber", "violet", "silver", "coral", "olive"]
+    animals = ["otter", "heron", "lynx", "gecko", "bison", "finch", "moose", "viper"]
+    return [_user("Copy this list exactly, one item per line:\n" + "\n".join(
+        f"Item {j}: {colors[(i + j) % 8]} {animals[(i * 3 + j) % 8]}, number {j * 7 + i}"
+        for j in range(1, 31))) for i in range(n)]

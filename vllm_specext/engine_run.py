@@ -4,7 +4,7 @@ A fresh engine per configuration keeps runs independent: no prefix-cache hits an
 cross-request proposer state carried from another configuration. Used by the demo,
 the end-to-end tests and the benchmarks. :class:`EngineProcess` keeps such an engine
 alive between cells, so that a benchmark can interleave several configurations' engines
-cell by cell.
+cell by cell, or (with :class:`SteppedCell`) a fraction of a second at a time.
 
 Command line (job JSON on stdin, result JSON written to OUT.json)::
 
@@ -38,11 +38,16 @@ def start_engine(job: dict[str, Any]) -> Any:
     """Create the ``vllm.LLM`` of a job's engine keys (see :func:`generate`), warm it up
     (unless ``job["warmup"]`` is false) and freeze its workers' start-up heap.
 
+    ``job["in_process"]`` true runs the engine core in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), as :class:`SteppedCell` needs.
+
     The CPU KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) is ``job["kv_cache_gib"]`` when
     given, else the environment's value, else 2.
     """
     if "kv_cache_gib" in job:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(job["kv_cache_gib"])
+    if job.get("in_process"):  # the engine core steps only when the caller calls step()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB)
     from vllm import LLM, SamplingParams
 
@@ -69,7 +74,7 @@ def generate(job: dict[str, Any]) -> dict[str, Any]:
     Args:
         job: engine keys ``{"spec": dict | None, "model": str | None, "dtype": "float32",
             "seed": int, "max_model_len": int, "enable_prefix_caching": bool,
-            "warmup": bool, "kv_cache_gib": int}`` plus either the keys of one cell or ``"cells": [cell, ...]``.
+            "warmup": bool, "kv_cache_gib": int, "in_process": bool}`` plus either the keys of one cell or ``"cells": [cell, ...]``.
             A cell: ``{"prompts": list[str] | None, "chats": list[list[dict]] | None
             (rendered with the model's chat template), "max_tokens": int,
             "temperature": float, "n": int, "request_seed": int | None, "sampling": dict
@@ -89,33 +94,32 @@ def generate(job: dict[str, Any]) -> dict[str, Any]:
     return _run_cell(llm, job)
 
 
-def _run_cell(llm: Any, cell: dict[str, Any]) -> dict[str, Any]:
+def _sampling_params(cell: dict[str, Any]) -> Any:
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=cell.get("temperature", 0.0),
-                            max_tokens=cell.get("max_tokens", 128), n=cell.get("n", 1),
-                            seed=cell.get("request_seed"), **cell.get("sampling", {}))
+    return SamplingParams(temperature=cell.get("temperature", 0.0),
+                          max_tokens=cell.get("max_tokens", 128), n=cell.get("n", 1),
+                          seed=cell.get("request_seed"), **cell.get("sampling", {}))
+
+
+def _prompts(llm: Any, cell: dict[str, Any]) -> list[str]:
+    """The cell's prompts, chats rendered with the model's chat template."""
     if cell.get("chats"):
         tok = llm.get_tokenizer()
-        prompts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-                   for c in cell["chats"]]
-    else:
-        prompts = cell["prompts"]
+        return [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+                for c in cell["chats"]]
+    return cell["prompts"]
+
+
+def _run_cell(llm: Any, cell: dict[str, Any]) -> dict[str, Any]:
+    params = _sampling_params(cell)
+    prompts = _prompts(llm, cell)
     before = llm.get_metrics()
     start = time.perf_counter()
     step = cell.get("batch_size") or len(prompts)
     outs = [o for i in range(0, len(prompts), step)
             for o in llm.generate(prompts[i:i + step], params, use_tqdm=False)]
     seconds = time.perf_counter() - start
-    after = llm.get_metrics()
-
-    def delta(name: str) -> float:
-        return _counter(after, name) - _counter(before, name)
-
-    drafts = delta("vllm:spec_decode_num_drafts")
-    accepted = delta("vllm:spec_decode_num_accepted_tokens")
-    token_ids = [list(c.token_ids) for o in outs for c in o.outputs]
-    n_out = sum(len(t) for t in token_ids)
     ttft, tpot = [], []
     for o in outs:
         m = o.metrics
@@ -125,8 +129,24 @@ def _run_cell(llm: Any, cell: dict[str, Any]) -> dict[str, Any]:
         n = len(o.outputs[0].token_ids)
         if n > 1:
             tpot.append((m.last_token_ts - m.first_token_ts) / (n - 1))
+    return _cell_result([c.text for o in outs for c in o.outputs],
+                        [list(c.token_ids) for o in outs for c in o.outputs],
+                        seconds, ttft, tpot, before, llm.get_metrics())
+
+
+def _cell_result(texts: list[str], token_ids: list[list[int]], seconds: float,
+                 ttft: list[float], tpot: list[float], before: list,
+                 after: list) -> dict[str, Any]:
+    """A cell's result dict (see :func:`generate`) from its outputs, timings and the
+    engine's metrics before and after it."""
+    def delta(name: str) -> float:
+        return _counter(after, name) - _counter(before, name)
+
+    drafts = delta("vllm:spec_decode_num_drafts")
+    accepted = delta("vllm:spec_decode_num_accepted_tokens")
+    n_out = sum(len(t) for t in token_ids)
     return {
-        "texts": [c.text for o in outs for c in o.outputs],
+        "texts": texts,
         "token_ids": token_ids,
         "seconds": seconds,
         "output_tokens": n_out,
@@ -139,6 +159,84 @@ def _run_cell(llm: Any, cell: dict[str, Any]) -> dict[str, Any]:
         "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
         "tau": n_out / (n_out - accepted) if n_out > accepted else 1.0,
     }
+
+
+class SteppedCell:
+    """A cell's requests, all added to an in-process engine at once and advanced a slice
+    of engine steps at a time; only the engine's own work (``add_request``, ``step``) is
+    timed.
+
+    This lets a benchmark interleave several engines' cells slice by slice (e.g. 0.3 s
+    each), so that the machine's speed, which drifts by a few percent over 5-20 s on a
+    shared VM, is the same for every engine it compares. The result equals
+    :func:`_run_cell`'s for one ``generate()`` of all the prompts, with ``seconds``, TTFT
+    and TPOT counted in engine time (TTFT from the cell's start; pauses between slices
+    excluded).
+
+    Args:
+        llm: a ``vllm.LLM`` made by :func:`start_engine` with ``job["in_process"]`` true.
+        cell: as in :func:`generate` (``batch_size`` is ignored: every prompt at once).
+
+    Raises:
+        ValueError: the engine core runs in its own process (it would keep stepping
+            between slices).
+    """
+
+    def __init__(self, llm: Any, cell: dict[str, Any]):
+        from vllm.sampling_params import RequestOutputKind
+
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            raise ValueError("SteppedCell needs an in-process engine core "
+                             "(start_engine with job['in_process'] true)")
+        self._llm = llm
+        self._before = llm.get_metrics()
+        params = _sampling_params(cell)
+        params.output_kind = RequestOutputKind.DELTA
+        prompts = _prompts(llm, cell)
+        self._ids = [f"stepped-{id(self)}-{i}" for i in range(len(prompts))]
+        self._tokens: dict[str, list[int]] = {r: [] for r in self._ids}
+        self._texts: dict[str, list[str]] = {r: [] for r in self._ids}
+        self._first: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+        start = time.perf_counter()
+        for rid, prompt in zip(self._ids, prompts):
+            llm.llm_engine.add_request(rid, prompt, params)
+        self.seconds = time.perf_counter() - start
+
+    def advance(self, seconds: float) -> dict[str, Any] | None:
+        """Run engine steps for about ``seconds`` of engine time (at least one step).
+
+        Returns:
+            The cell's result once every request has finished, else None.
+        """
+        engine = self._llm.llm_engine
+        spent = 0.0
+        while engine.has_unfinished_requests() and (spent == 0.0 or spent < seconds):
+            start = time.perf_counter()
+            outputs = engine.step()
+            took = time.perf_counter() - start
+            spent += took
+            self.seconds += took
+            for out in outputs:
+                if out.request_id not in self._tokens or not out.outputs:
+                    continue
+                new = out.outputs[0]
+                if new.token_ids:
+                    self._first.setdefault(out.request_id, self.seconds)
+                    self._last[out.request_id] = self.seconds
+                self._tokens[out.request_id].extend(new.token_ids)
+                self._texts[out.request_id].append(new.text)
+        if engine.has_unfinished_requests():
+            return None
+        return self._result()
+
+    def _result(self) -> dict[str, Any]:
+        tpot = [(self._last[r] - self._first[r]) / (len(self._tokens[r]) - 1)
+                for r in self._ids if len(self._tokens[r]) > 1]
+        return _cell_result(["".join(self._texts[r]) for r in self._ids],
+                            [self._tokens[r] for r in self._ids], self.seconds,
+                            [self._first[r] for r in self._ids if r in self._first], tpot,
+                            self._before, self._llm.get_metrics())
 
 
 def run_json_child(args: list[str], job: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
@@ -205,7 +303,30 @@ class EngineProcess:
             RuntimeError: the cell failed (its engine has shut down).
             TimeoutError: no result within ``timeout`` seconds.
         """
-        self._conn.send(cell)
+        self._conn.send(("run", cell))
+        return self._receive(timeout)
+
+    def begin(self, cell: dict[str, Any], timeout: float = 600) -> None:
+        """Add a cell's requests (a :class:`SteppedCell`; the job needs ``"in_process":
+        True``) without stepping; :meth:`advance` runs it.
+
+        Raises:
+            RuntimeError: the engine failed (it has shut down), or is not in-process.
+            TimeoutError: no answer within ``timeout`` seconds.
+        """
+        self._conn.send(("begin", cell))
+        self._receive(timeout)
+
+    def advance(self, seconds: float, timeout: float = 600) -> dict[str, Any] | None:
+        """Advance the begun cell by about ``seconds`` of engine time.
+
+        Returns:
+            The cell's result (keys as :func:`generate`'s) once it has finished, else None.
+
+        Raises:
+            RuntimeError, TimeoutError: as :meth:`begin`.
+        """
+        self._conn.send(("advance", seconds))
         return self._receive(timeout)
 
     def stop(self) -> None:
@@ -229,14 +350,25 @@ class EngineProcess:
 
 
 def _serve(conn: Any, job: dict[str, Any]) -> None:
-    """Child side of :class:`EngineProcess`: start the engine, then answer cells until
-    ``None`` arrives; any exception is sent back as ``("error", traceback)``."""
+    """Child side of :class:`EngineProcess`: start the engine, then answer commands
+    (``("run", cell)``, ``("begin", cell)``, ``("advance", seconds)``) until ``None``
+    arrives; any exception is sent back as ``("error", traceback)``."""
     llm = None
     try:
         llm = start_engine(job)
         conn.send(("ready", None))
-        while (cell := conn.recv()) is not None:
-            conn.send(("ok", _run_cell(llm, cell)))
+        stepped = None
+        while (message := conn.recv()) is not None:
+            command, arg = message
+            if command == "run":
+                conn.send(("ok", _run_cell(llm, arg)))
+            elif command == "begin":
+                stepped = SteppedCell(llm, arg)
+                conn.send(("ok", None))
+            elif command == "advance":
+                conn.send(("ok", stepped.advance(arg)))
+            else:
+                raise ValueError(f"unknown engine command {command!r}")
     except Exception:  # reported to the parent, which decides what to do
         conn.send(("error", traceback.format_exc()))
     finally:

@@ -1,0 +1,47 @@
+"""Real engine, real default model (fp32): :class:`EngineProcess` runs a cell whole
+(``run``) or a slice of engine steps at a time (``begin``/``advance``, in-process engine
+core), with the same greedy outputs and per-request timings either way."""
+from __future__ import annotations
+
+import pytest
+
+from vllm_specext.engine_run import EngineProcess
+
+pytestmark = pytest.mark.engine
+
+CELL = {"chats": [[{"role": "user", "content": "Copy this list: red, green, blue, amber, "
+                    "violet, silver, coral, olive."}],
+                  [{"role": "user", "content": "Name three rivers in Europe."}]],
+        "max_tokens": 24, "temperature": 0.0}
+
+
+def test_stepped_cell_matches_whole_cell():
+    engine = EngineProcess({"spec": {"method": "ngram", "num_speculative_tokens": 4},
+                            "dtype": "float32", "warmup": False, "in_process": True,
+                            "kv_cache_gib": 1})
+    try:
+        engine.wait_ready()
+        whole = engine.run(CELL)
+        engine.begin(CELL)
+        slices = 1
+        while (stepped := engine.advance(0.001)) is None:  # 0.001 s: one step per slice
+            slices += 1
+    finally:
+        engine.close()
+    assert stepped["token_ids"] == whole["token_ids"]
+    assert stepped["output_tokens"] == whole["output_tokens"] == sum(map(len, whole["token_ids"]))
+    assert slices > 1
+    assert len(stepped["ttft_s"]) == len(stepped["tpot_s"]) == 2
+    assert 0 < max(stepped["ttft_s"]) < stepped["seconds"]
+    assert stepped["num_draft_tokens"] > 0
+
+
+def test_stepped_cell_needs_an_in_process_engine():
+    engine = EngineProcess({"spec": None, "dtype": "float32", "warmup": False,
+                            "kv_cache_gib": 1})
+    try:
+        engine.wait_ready()
+        with pytest.raises(RuntimeError, match="in-process engine core"):
+            engine.begin(CELL)
+    finally:
+        engine.close()
