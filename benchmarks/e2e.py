@@ -14,8 +14,8 @@ start-up heap frozen after a warm-up request (a full garbage collection of an un
 worker heap stalls a step by ~0.4 s on CPU). Before the first unit each engine runs an
 untimed batch of synthetic copy prompts at the group's batch size
 (:func:`workloads.warmup_chats`): an engine's first long prefill and first drafted steps
-touch fresh memory (in a scratch run the first unit read 0.89-0.95x for every
-speculative configuration, ``naive`` included, without it). A unit is one prompt at
+touch fresh memory (in scratch runs with ``--slices 0.3``, ``naive`` read 0.93x on the
+first unit, code editing at batch 8, without it and 0.99x with it). A unit is one prompt at
 batch 1 (``--batch1-prompts`` per workload, sent one at a time) and the first B prompts of
 the workload at batch B (sent together); the group's engines run each unit back to back,
 the order rotating by one engine per unit. Each configuration's ratio is paired with its
@@ -81,7 +81,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # inherit them): keep freed memory for reuse instead of mapping and page-faulting fresh
 # memory for each step's large activations. Without them a batch-8 prefill step of 2,400
 # tokens took 1.65-1.78 s and varied with each process's allocation history; with them
-# 1.32-1.36 s (none vs none read 0.98-1.02 instead of 0.92-1.09 at batch 8).
+# 1.32-1.36 s. Scratch runs at batch 8, none vs a second none: 0.98-1.02 with them and
+# 0.92-1.09 without (in-process engines taking 0.3 s turns); 0.97-1.03 with them in the
+# default mode.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(16 << 30),
               "MALLOC_TOP_PAD_": str(512 << 20)}
 QUICK = {"rounds": 1, "batch_sizes": [1, 8], "workloads": ["code_editing", "summarization"],
