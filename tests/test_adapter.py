@@ -93,6 +93,22 @@ def test_finished_requests_are_released():
     assert d.proposer.active_requests == set()
 
 
+def test_only_decode_steps_are_timed_for_the_cost_model():
+    d, *_ = make()
+
+    def start(per_request, drafts):
+        d.on_step_start(SimpleNamespace(
+            finished_req_ids=set(), num_scheduled_tokens=per_request,
+            total_num_scheduled_tokens=sum(per_request.values()),
+            scheduled_spec_decode_tokens=drafts))
+        return d._step
+
+    assert start({"a": 1, "b": 1}, {})[1:] == (2, False)
+    assert start({"a": 3, "b": 1}, {"a": [7, 8]})[1:] == (4, True)
+    assert start({"a": 1, "b": 300}, {}) is None  # b is prefilling
+    assert start({"a": 2, "b": 1}, {"a": [7, 8]}) is None  # a's step is not 1 + drafts
+
+
 def test_proposer_failure_gives_no_drafts(monkeypatch):
     d, batch, ids, n = make()
     commit(batch, ids, n, 0, "a", [1, 2, 3], prompt_len=3)
