@@ -366,6 +366,8 @@ def _serve(conn: Any, job: dict[str, Any]) -> None:
                 stepped = SteppedCell(llm, arg)
                 conn.send(("ok", None))
             elif command == "advance":
+                if stepped is None:
+                    raise RuntimeError("advance before begin: no cell to advance")
                 conn.send(("ok", stepped.advance(arg)))
             else:
                 raise ValueError(f"unknown engine command {command!r}")
