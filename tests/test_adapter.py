@@ -109,6 +109,21 @@ def test_only_decode_steps_are_timed_for_the_cost_model():
     assert start({"a": 2, "b": 1}, {"a": [7, 8]}) is None  # a's step is not 1 + drafts
 
 
+def test_requests_without_shown_drafts_are_proposed_for_only_when_probing(monkeypatch):
+    d, batch, ids, n = make(k=4, adaptive=True, adaptive_threshold=0.99)  # never shown
+    prompt = [3, 4, 5, 6, 7] * 4
+    commit(batch, ids, n, 0, "a", prompt, prompt_len=len(prompt))
+    d.propose([[]], n, ids)
+    asked = []
+    original = d.proposer.propose
+    monkeypatch.setattr(d.proposer, "propose",
+                        lambda req_ids, caps: asked.append(caps[0]) or original(req_ids, caps))
+    for _ in range(16):
+        assert d.propose([commit(batch, ids, n, 0, "a", [3])], n, ids) == [[]]
+    # the prefill step's token was the first without a draft: idle 8 at step 7
+    assert [i for i, cap in enumerate(asked) if cap] == [0, 1, 2, 3, 4, 5, 6, 7, 11, 15]
+
+
 def test_proposer_failure_gives_no_drafts(monkeypatch):
     d, batch, ids, n = make()
     commit(batch, ids, n, 0, "a", [1, 2, 3], prompt_len=3)

@@ -178,3 +178,27 @@ def test_margin_raises_the_bar_for_drafting():
             m.observe(n, 0.020 + 0.001 * n + (0.002 if spec else 0.0), spec)
     assert careful.threshold(8) == pytest.approx(1.5 * plain.threshold(8))
     assert plain.pays_off(8, 1.0, 1) and not careful.pays_off(8, 1.0, 1)  # needs 1.29
+
+
+def _step(c, rid, draft, threshold, committed):
+    """One engine step as the adapter drives it: ask for a draft only when the controller
+    wants one, trim it, then score it against the committed tokens."""
+    asked = c.proposes(rid)
+    shown = c.trim([rid], [draft if asked else []], threshold)[0]
+    c.observe(rid, committed)
+    return asked, shown
+
+
+def test_idle_request_is_drafted_for_only_every_probe_steps_and_recovers():
+    c = DraftLengthController(k=8, idle_steps=8, probe_every=4)
+    asked = [_step(c, "r", [1] * 8, 0.99, [2])[0] for _ in range(24)]  # never shown
+    assert asked[:8] == [True] * 8
+    assert [i for i, a in enumerate(asked) if a][8:] == [8, 12, 16, 20]
+    for step in range(80):  # acceptance returns: probes' shadow drafts start matching
+        _, shown = _step(c, "r", [7] * 8, 0.3, [7])
+        if shown:
+            break
+    assert shown and step < 60
+    assert all(_step(c, "r", [7] * 8, 0.3, [7] * 9)[0] for _ in range(5))  # shown: every step
+    c.forget("r")
+    assert c.proposes("r")

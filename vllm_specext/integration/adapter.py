@@ -224,10 +224,13 @@ class SpecExtProposer:
             caps = [min(c, budget) for c in self._sync(req_ids, sampled, num_tokens, token_ids)]
             if self._fault and any(self._fault in (rid or "") for rid in req_ids):
                 raise RuntimeError(f"{FAULT_ENV}={self._fault!r}: injected proposer failure")
+            rows = sum(1 for c in caps if c > 0)  # requests decoding this step
+            if self.controller is not None:  # requests long without a shown draft probe
+                caps = [c if c > 0 and self.controller.proposes(rid) else 0
+                        for rid, c in zip(req_ids, caps)]
             drafts = self.proposer.propose(req_ids, caps)
             if self.controller is None:
                 return drafts
-            rows = sum(1 for c in caps if c > 0)
             kinds = self.proposer.last_kinds or [0] * num_rows
             if self.fixed_threshold is not None:
                 return self.controller.trim(req_ids, drafts, self.fixed_threshold, kinds)
