@@ -84,7 +84,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from vllm_specext.proposers.base import Proposer
 from vllm_specext.proposers.lookahead_pool import NgramPool, draft_chain
@@ -178,6 +177,9 @@ class LookaheadProposer(Proposer):
                       np.zeros((0, 1), np.int32))
         self._req: dict[str, _Request] = {}
         self._buf = np.empty(self.width + self.num_speculative_tokens, dtype=np.int32)
+        #: row j: positions j+1 .. j+width of (context tail + draft), for _horizontal
+        self._windows = (np.arange(1, self.num_speculative_tokens + 1)[:, None]
+                         + np.arange(self.width)[None, :])
         self._info = np.zeros(2, dtype=np.int64)
         self.lookup = (PromptLookup(min(2, prompt_lookup_max), prompt_lookup_max)
                        if prompt_lookup_max else None)
@@ -247,9 +249,10 @@ class LookaheadProposer(Proposer):
 
     def _horizontal(self, req_id: str, draft: np.ndarray) -> np.ndarray:
         """Trajectories of draft tokens that were not predicted from the token before them:
-        row j = the N-1 tokens of context + draft ending at ``draft[j]``."""
+        row j = the N-1 tokens of context + draft ending at ``draft[j]`` (``len(draft)
+        <= k``)."""
         seq = np.concatenate([self._tail(req_id), draft])
-        return sliding_window_view(seq, self.width)[1:].copy()
+        return seq[self._windows[:len(draft)]]
 
     def _pools(self, st: _Request) -> tuple:
         """Lookup order at each key length: own n-grams, shared n-grams (newer half first),
