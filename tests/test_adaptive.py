@@ -202,3 +202,10 @@ def test_idle_request_is_drafted_for_only_every_probe_steps_and_recovers():
     assert all(_step(c, "r", [7] * 8, 0.3, [7] * 9)[0] for _ in range(5))  # shown: every step
     c.forget("r")
     assert c.proposes("r")
+
+
+def test_a_proposer_that_finds_nothing_is_asked_every_step():
+    """Not idle: an n-gram that lost its match must be drafted as soon as it returns."""
+    c = DraftLengthController(k=8, idle_steps=2, probe_every=4)
+    assert all(_step(c, "r", [], 0.99, [2])[0] for _ in range(10))
+    assert [_step(c, "r", [1] * 8, 0.99, [2])[0] for _ in range(4)] == [True, True, True, False]

@@ -59,7 +59,7 @@ class DraftLengthController:
         global_decay: weight of the all-request history per observation, in (0, 1).
         num_kinds: draft kinds told apart (``0 .. num_kinds - 1``; larger kinds share the
             last one).
-        idle_steps: after this many decode steps in a row without a shown draft, a
+        idle_steps: after this many decode steps in a row whose drafts were withheld, a
             request is drafted for (:meth:`proposes`) only every ``probe_every`` steps.
         probe_every: the probing period (>= 1) of an idle request; its shadow drafts
             then come that much more rarely, so a request whose acceptance returns
@@ -82,7 +82,8 @@ class DraftLengthController:
         self._stats: dict[str, dict[int, list[float]]] = {}  # request -> kind -> stats
         self._full_draft: dict[str, tuple[list[int], int]] = {}  # request -> (draft, kind)
         self._shown: dict[str, int] = {}
-        self._idle: dict[str, int] = {}  # request -> decode steps in a row with no draft shown
+        self._idle: dict[str, int] = {}  # request -> decode steps in a row with drafts withheld
+        self._asked: dict[str, bool] = {}  # request -> this step's :meth:`proposes`
 
     def _kind(self, kind: int) -> int:
         return min(max(int(kind), 0), self.num_kinds - 1)
@@ -159,7 +160,10 @@ class DraftLengthController:
         if not committed:
             return
         shown = self._shown.pop(req_id, 0)
-        self._idle[req_id] = 0 if shown else self._idle.get(req_id, 0) + 1
+        asked = self._asked.pop(req_id, True)
+        # idle: the proposer's drafts keep being withheld (not: it found nothing)
+        self._idle[req_id] = (0 if shown or (asked and not draft)
+                              else self._idle.get(req_id, 0) + 1)
         if not draft:
             return
         hits = min(len(committed) - 1, shown)
@@ -181,17 +185,23 @@ class DraftLengthController:
                 table[i] = table[i] * d + sample[i]
 
     def proposes(self, req_id: str) -> bool:
-        """Whether to ask the proposer for ``req_id``'s draft this step: always until it
-        has gone ``idle_steps`` decode steps without a shown draft, then every
-        ``probe_every``-th step (its shadow draft is scored and may be shown). Drafting
-        costs the proposer's time even when the draft is withheld: 0.1-0.5 ms per step at
-        batch 8 on CPU, 0.5-2% of a step, in workloads where speculation does not pay."""
+        """Whether to ask the proposer for ``req_id``'s draft this step: always until its
+        drafts have been withheld (made but not shown) ``idle_steps`` decode steps in a
+        row, then every ``probe_every``-th step (its shadow draft is scored and may be
+        shown). A step in which the proposer, asked, finds nothing, or a draft is shown,
+        ends the idle run: a proposer that just lost its match (e.g. an n-gram after an
+        edit) is asked every step, so the match is drafted as soon as it returns.
+        Drafting costs the proposer's time even when the draft is withheld: 0.1-0.5 ms
+        per step at batch 8 on CPU, 0.5-2% of a step, in workloads where speculation
+        does not pay."""
         idle = self._idle.get(req_id, 0)
-        return idle < self.idle_steps or (idle - self.idle_steps) % self.probe_every == 0
+        asked = idle < self.idle_steps or (idle - self.idle_steps) % self.probe_every == 0
+        self._asked[req_id] = asked
+        return asked
 
     def forget(self, req_id: str) -> None:
         """Drop the statistics of a finished request."""
-        for table in (self._stats, self._full_draft, self._shown, self._idle):
+        for table in (self._stats, self._full_draft, self._shown, self._idle, self._asked):
             table.pop(req_id, None)
 
 
