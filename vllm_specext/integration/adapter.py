@@ -225,7 +225,7 @@ class SpecExtProposer:
             if self._fault and any(self._fault in (rid or "") for rid in req_ids):
                 raise RuntimeError(f"{FAULT_ENV}={self._fault!r}: injected proposer failure")
             rows = sum(1 for c in caps if c > 0)  # requests decoding this step
-            if self.controller is not None:  # requests long without a shown draft probe
+            if self.controller is not None:  # long-withheld requests only probe
                 caps = [c if c > 0 and self.controller.proposes(rid) else 0
                         for rid, c in zip(req_ids, caps)]
             drafts = self.proposer.propose(req_ids, caps)
