@@ -85,7 +85,6 @@ class DraftLengthController:
         self._full_draft: dict[str, tuple[list[int], int]] = {}  # request -> (draft, kind)
         self._shown: dict[str, int] = {}
         self._idle: dict[str, int] = {}  # request -> decode steps in a row with drafts withheld
-        self._asked: dict[str, bool] = {}  # request -> this step's :meth:`proposes`
 
     def _kind(self, kind: int) -> int:
         return min(max(int(kind), 0), self.num_kinds - 1)
@@ -162,10 +161,9 @@ class DraftLengthController:
         if not committed:
             return
         shown = self._shown.pop(req_id, 0)
-        asked = self._asked.pop(req_id, True)
-        # idle: the proposer's drafts keep being withheld (not: it found nothing)
-        self._idle[req_id] = (0 if shown or (asked and not draft)
-                              else self._idle.get(req_id, 0) + 1)
+        idle = self._idle.get(req_id, 0)
+        # idle: the proposer's drafts keep being withheld (not: it was asked, found nothing)
+        self._idle[req_id] = 0 if shown or (self._asks(idle) and not draft) else idle + 1
         if not draft:
             return
         hits = min(len(committed) - 1, shown)
@@ -196,14 +194,15 @@ class DraftLengthController:
         Drafting costs the proposer's time even when the draft is withheld: 0.1-0.5 ms
         per step at batch 8 on CPU, 0.5-2% of a step, in workloads where speculation
         does not pay."""
-        idle = self._idle.get(req_id, 0)
-        asked = idle < self.idle_steps or (idle - self.idle_steps) % self.probe_every == 0
-        self._asked[req_id] = asked
-        return asked
+        return self._asks(self._idle.get(req_id, 0))
+
+    def _asks(self, idle: int) -> bool:
+        """:meth:`proposes` for a request idle for ``idle`` steps."""
+        return idle < self.idle_steps or (idle - self.idle_steps) % self.probe_every == 0
 
     def forget(self, req_id: str) -> None:
         """Drop the statistics of a finished request."""
-        for table in (self._stats, self._full_draft, self._shown, self._idle, self._asked):
+        for table in (self._stats, self._full_draft, self._shown, self._idle):
             table.pop(req_id, None)
 
 
