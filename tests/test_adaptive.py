@@ -103,59 +103,12 @@ def test_noisy_request_is_shrunk_towards_all_requests():
     assert 0.2 < c.acceptance("lucky")[0] < 0.6  # not 1.0 from a single observation
 
 
-def test_cost_model_recovers_linear_step_time():
-    m = StepCostModel()
-    rng = random.Random(0)
-    for _ in range(400):
-        n = rng.randint(1, 80)
-        m.observe(n, 0.040 + 0.002 * n + rng.gauss(0, 0.001))
-    a, b, c = m.coefficients()
-    assert a == pytest.approx(0.040, rel=0.1) and b == pytest.approx(0.002, rel=0.1)
-    assert c == pytest.approx(0.0, abs=0.002)  # no speculative step seen: prior c = 0
-    # 8 decoding rows: a draft token must be emitted with p > b*8/T(8)
-    assert m.threshold(8) == pytest.approx(0.002 * 8 / (0.040 + 0.016), rel=0.15)
-
-
-def test_cost_model_prior_before_variation():
-    m = StepCostModel(prior_slope_ratio=0.01)
-    assert m.threshold(4) == 0.0  # nothing measured: draft
-    for _ in range(50):
-        m.observe(1, 0.05)  # only batch-1 plain steps seen: slope from the prior
-    a, b, c = m.coefficients()
-    assert b == pytest.approx(0.0005, rel=0.05) and a > 0.04 and c == 0.0
-
-
 def test_alpha_reaching_one_keeps_full_drafts():
     c = DraftLengthController(k=8)
     for _ in range(60):  # alpha converges to exactly 1.0 in floating point
         d = c.trim(["r"], [list(range(8))], 0.05)[0]
         c.observe("r", d + [99])
     assert min(c.acceptance("r")) > 0.97 and c.length("r", 0.05) == 8
-
-
-def test_cost_model_separates_fixed_cost_of_speculative_steps():
-    m = StepCostModel()
-    rng = random.Random(1)
-    for _ in range(600):
-        spec = rng.random() < 0.5
-        n = 8 + (rng.randint(1, 24) if spec else rng.choice([0, 0, 0, 300]))
-        m.observe(n, 0.020 + 0.0007 * n + (0.0015 if spec else 0.0) + rng.gauss(0, 0.0003), spec)
-    a, b, c = m.coefficients()
-    assert a == pytest.approx(0.020, rel=0.05) and b == pytest.approx(0.0007, rel=0.05)
-    assert c == pytest.approx(0.0015, rel=0.2)
-
-
-def test_pays_off_weighs_expected_tokens_against_marginal_and_fixed_cost():
-    m = StepCostModel()
-    for i in range(400):  # T = 20 ms + 1 ms/token + 2 ms when speculative
-        spec = i % 2 == 1
-        n = 8 + (i % 7 if spec else 0)
-        m.observe(n, 0.020 + 0.001 * n + (0.002 if spec else 0.0), spec)
-    # 8 rows, T(8) = 28 ms; one draft token costs 1 + 2 ms: needs E > 8 * 3 / 28 = 0.86
-    assert not m.pays_off(8, expected_accepted=0.8, draft_tokens=1)
-    assert m.pays_off(8, expected_accepted=0.9, draft_tokens=1)
-    assert not m.pays_off(8, expected_accepted=5.0, draft_tokens=0)
-    assert StepCostModel().pays_off(8, 0.1, 1)  # nothing measured yet: draft
 
 
 def test_expected_accepted_and_withhold_keep_shadow_drafts():
@@ -167,17 +120,6 @@ def test_expected_accepted_and_withhold_keep_shadow_drafts():
     before = c.acceptance("r")[0]
     c.observe("r", [1])  # no draft shown: one committed token, a shadow hit
     assert c.acceptance("r")[0] > before
-
-
-def test_margin_raises_the_bar_for_drafting():
-    plain, careful = StepCostModel(), StepCostModel(margin=1.5)
-    for m in (plain, careful):
-        for i in range(400):
-            spec = i % 2 == 1
-            n = 8 + (i % 7 if spec else 0)
-            m.observe(n, 0.020 + 0.001 * n + (0.002 if spec else 0.0), spec)
-    assert careful.threshold(8) == pytest.approx(1.5 * plain.threshold(8))
-    assert plain.pays_off(8, 1.0, 1) and not careful.pays_off(8, 1.0, 1)  # needs 1.29
 
 
 def _step(c, rid, draft, threshold, committed):
@@ -209,3 +151,87 @@ def test_a_proposer_that_finds_nothing_is_asked_every_step():
     c = DraftLengthController(k=8, idle_steps=2, probe_every=4)
     assert all(_step(c, "r", [], 0.99, [2])[0] for _ in range(10))
     assert [_step(c, "r", [1] * 8, 0.99, [2])[0] for _ in range(4)] == [True, True, True, False]
+
+
+def test_cost_model_follows_a_measured_concave_step_time_curve():
+    m = StepCostModel()
+    rng = random.Random(0)
+
+    def true_time(n):  # nearly flat while memory-bound, then 0.6 ms per token
+        return 0.030 + 0.0001 * min(n, 16) + 0.0006 * max(0, n - 16)
+
+    for _ in range(2000):
+        n = rng.randint(1, 300)
+        m.observe(n, true_time(n) + rng.gauss(0, 0.0005), speculative=n > 32)
+    for n in (1, 8, 16, 32, 64, 150, 280):
+        assert m.step_time(n) == pytest.approx(true_time(n), rel=0.04)
+    # 32 decoding rows: a draft token must be emitted with p > 32 * price / T(32), the
+    # price being the marginal time per token of 32 more tokens (0.6 ms)
+    assert m.threshold(32) == pytest.approx(32 * 0.0006 / true_time(32), rel=0.1)
+
+
+def test_drafts_are_priced_at_the_token_count_they_run_at():
+    """A batch's shrinking tail (1-32 tokens) costs 1.4 ms per token; 32 rows plus drafts
+    cost 0.6 ms per extra token: the tail's slope must not price the drafts."""
+    m = StepCostModel()
+    for i in range(600):
+        rows = 1 + i % 32
+        m.observe(rows, 0.020 + 0.0014 * rows)
+        if rows == 32:
+            for d in (16, 48, 96):
+                m.observe(32 + d, 0.020 + 0.0014 * 32 + 0.0006 * d, speculative=True)
+    t32 = 0.020 + 0.0014 * 32
+    assert m.draft_cost(32, 48) == pytest.approx(0.0006 * 48, rel=0.02)
+    # 64 draft tokens, E accepted: pays iff E * T(32) > 32 * 38.4 ms, i.e. E > 19
+    assert m.pays_off(32, expected_accepted=20, draft_tokens=64)
+    assert not m.pays_off(32, expected_accepted=18, draft_tokens=64)
+    assert 0.0006 * 64 * 32 / t32 == pytest.approx(18.96, rel=0.01)
+
+
+def test_cost_model_explores_beyond_what_it_measured_then_trusts_the_measurement():
+    m = StepCostModel(stale_steps=200, explore=0.5)
+    for i in range(300):  # only plain steps of 1-32 tokens, 1.4 ms per token
+        m.observe(1 + i % 32, 0.020 + 0.0014 * (1 + i % 32))
+    # above 32 tokens nothing is measured: draft tokens priced at half the top slope
+    assert m.draft_cost(32, 32) == pytest.approx(0.5 * 0.0014 * 32, rel=0.05)
+    assert m.pays_off(32, expected_accepted=24, draft_tokens=32)  # 24 * 64.8 > 32 * 22.4
+    for _ in range(5):  # tried: 32 draft tokens cost 2.8 ms each
+        m.observe(64, 0.020 + 0.0014 * 32 + 0.0028 * 32, speculative=True)
+    assert not m.pays_off(32, expected_accepted=24, draft_tokens=32)  # needs 44
+    for i in range(200):  # the measurement goes stale: tried again
+        m.observe(1 + i % 32, 0.020 + 0.0014 * (1 + i % 32))
+    assert m.pays_off(32, expected_accepted=24, draft_tokens=32)
+
+
+def test_cost_model_before_and_after_its_first_steps():
+    m = StepCostModel(prior_slope_ratio=0.01, explore=0.5)
+    assert not m.fitted and m.threshold(4) == 0.0 and m.pays_off(8, 0.1, 1)  # draft
+    assert not m.pays_off(8, 5.0, 0)  # nothing to verify
+    for _ in range(50):
+        m.observe(1, 0.05)  # only batch-1 plain steps: the slope beyond is the prior's
+    assert m.step_time(1) == pytest.approx(0.05)
+    assert m.draft_cost(1, 8) == pytest.approx(0.5 * 0.0005 * 8)
+    m.observe(0, 9.0)  # an empty step is not a measurement
+    assert m.step_time(1) == pytest.approx(0.05)
+
+
+def test_pays_off_weighs_expected_tokens_against_the_speculative_steps_own_cost():
+    m = StepCostModel()
+    for i in range(400):  # plain 8 tokens: 28 ms; drafted: 20 ms + 1 ms/token + 2 ms
+        spec = i % 2 == 1
+        n = 8 + (1 + i % 7 if spec else 0)
+        m.observe(n, 0.020 + 0.001 * n + (0.002 if spec else 0.0), spec)
+    # 8 rows, T(8) = 28 ms; one draft token costs 1 + 2 ms: needs E > 8 * 3 / 28 = 0.86
+    assert not m.pays_off(8, expected_accepted=0.8, draft_tokens=1)
+    assert m.pays_off(8, expected_accepted=0.9, draft_tokens=1)
+
+
+def test_margin_raises_the_bar_for_drafting():
+    plain, careful = StepCostModel(), StepCostModel(margin=1.5)
+    for m in (plain, careful):
+        for i in range(400):
+            spec = i % 2 == 1
+            n = 8 + (1 + i % 7 if spec else 0)
+            m.observe(n, 0.020 + 0.001 * n + (0.002 if spec else 0.0), spec)
+    assert careful.threshold(8) == pytest.approx(1.5 * plain.threshold(8))
+    assert plain.pays_off(8, 1.0, 1) and not careful.pays_off(8, 1.0, 1)  # needs 1.29

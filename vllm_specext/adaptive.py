@@ -9,24 +9,26 @@ Two measured quantities decide it:
   positions count as verified; when a request gets no draft, the full draft the proposer
   *would* have made is still compared with the tokens that are then committed ("shadow"
   drafts), so a request whose acceptance returns recovers.
-* **Cost of drafting** (:class:`StepCostModel`): an online, exponentially forgetting
-  least-squares fit of the target's step time ``T = a + b·n + c·s`` over the number of
-  tokens ``n`` scheduled in the step and whether it verified drafts at all (``s``; a
-  step without drafts takes vLLM's plain sampling path), measured in the running engine
-  (CPU, GPU or NPU alike).
+* **Cost of drafting** (:class:`StepCostModel`): the target's step time ``T(n)`` over the
+  number of tokens ``n`` a decode step schedules, a piecewise-linear curve through running
+  means of the steps measured in the running engine (CPU, GPU or NPU alike; steps that
+  verified drafts apart from plain ones, which take vLLM's plain sampling path).
 
 A draft token at depth ``j`` pays off when its chance of being emitted,
 ``p_j = alpha1 · alpha2**(j-1)``, beats its marginal cost relative to the tokens the step
-already produces: ``p_j > b · rows / T(rows)`` (throughput
-``(rows + accepted) / T(rows + drafts)`` grows iff that holds). So each request drafts
-``L = max{j <= k : p_j > threshold}`` tokens — zero when speculation does not pay. Then the batch as a whole drafts only if
-the expected accepted tokens also pay for ``c``
-(:meth:`StepCostModel.pays_off`); otherwise the step runs plain. A request whose drafts keep
-being withheld is drafted for only every few steps (:meth:`DraftLengthController.proposes`),
-so that speculation that does not pay stops costing the proposer's time too.
+already produces: throughput ``(rows + accepted) / T(rows + drafts)`` grows iff
+``accepted · T(rows) > rows · (T(rows + drafts) - T(rows))``. Per token that is
+``p_j > rows · price / T(rows)`` (:meth:`StepCostModel.threshold`), so each request drafts
+``L = max{j <= k : p_j > threshold}`` tokens — zero when speculation does not pay. Then the
+batch as a whole drafts only if its expected accepted tokens pay for the measured
+``T(rows + D) - T(rows)`` of its ``D`` draft tokens (:meth:`StepCostModel.pays_off`);
+otherwise the step runs plain. A request whose drafts keep being withheld is drafted for
+only every few steps (:meth:`DraftLengthController.proposes`), so that speculation that does
+not pay stops costing the proposer's time too.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -207,94 +209,135 @@ class DraftLengthController:
 
 
 class StepCostModel:
-    """Online fit of the target's step time ``T = a + b·n + c·s``.
+    """Measured step time of the target, ``T(n)``, over the tokens ``n`` a decode step
+    schedules: a piecewise-linear curve through running means of the observed steps.
 
-    ``n`` is the number of tokens scheduled in the step and ``s`` is 1 when the step
-    verified draft tokens (the speculative path: spec-decode metadata, the rejection
-    sampler) and 0 for a plain step, so ``c`` (seconds) is the fixed price of drafting
-    at all in a step. Exponentially weighted least squares with ridge priors: the slope
-    is pulled towards ``prior_slope_ratio`` x the mean step time and ``c`` towards 0
-    until the observations vary enough to measure them.
+    Steps are grouped by ``n`` into log-spaced buckets (``buckets_per_octave`` per doubling)
+    and, within a bucket, by whether the step verified drafts (the speculative path has its
+    own fixed cost: spec-decode metadata, the rejection sampler); each group keeps the running
+    mean of its ``n`` and of its step time (exponential, weight ``smoothing``, so the curve
+    follows drift). ``T`` interpolates linearly between the groups' means, sorted by ``n``
+    and made non-decreasing. No shape is assumed: on a GPU a step is nearly flat in ``n``
+    until the batch becomes compute-bound; on a 2-core CPU it was flat from 26 to 37 tokens
+    and then rose ~2.5 ms per token (batch 32, fp32 SmolLM2-135M). A straight-line fit over
+    all steps priced draft tokens at the slope of the batch's shrinking tail (1-32 tokens)
+    instead of the token counts that drafting runs at.
+
+    Beyond the largest fresh group the curve is extrapolated with ``explore`` x the slope of
+    its top octave: optimism, so that a batch that has never drafted at that size tries it
+    and measures it (a wrong guess costs one step; the measured group then decides). Groups
+    not observed for ``stale_steps`` steps are dropped from the curve, so that the region is
+    measured again once the machine or the workload may have changed.
 
     Args:
-        decay: weight kept per observation, in (0, 1).
-        prior_slope_ratio: prior b/a (0.01: one extra token costs 1% of a step, what a
-            memory-bound GPU step looks like).
-        prior_weight: strength of the slope prior, in squared tokens.
-        fixed_prior_weight: strength of the ``c = 0`` prior, in steps.
-        margin: factor (>= 1) by which a draft's expected return must exceed its
-            measured cost (:meth:`threshold`, :meth:`pays_off`); 1.0 = break-even. The
-            estimates are noisy and a wrong "draft" costs verification at once, so
-            the default in the engine is 1.5 (``adaptive_margin``).
+        margin: factor (>= 1) by which a draft's expected return must exceed its measured
+            cost (:meth:`threshold`, :meth:`pays_off`); 1.0 = break-even. The estimates are
+            noisy and a wrong "draft" costs verification at once, so the default in the
+            engine is 1.5 (``adaptive_margin``).
+        buckets_per_octave: resolution of the curve in ``n`` (>= 1).
+        smoothing: weight of a new step in its group's running mean, in (0, 1].
+        stale_steps: steps after which an unobserved group no longer counts (>= 1).
+        explore: factor in (0, 1] on the extrapolated slope beyond the measured range.
+        prior_slope_ratio: slope assumed, as a fraction of the step time per token, when
+            only one token count has been measured (0.01: a memory-bound GPU step).
     """
 
-    def __init__(self, decay: float = 0.99, prior_slope_ratio: float = 0.01,
-                 prior_weight: float = 4.0, fixed_prior_weight: float = 1.0,
-                 margin: float = 1.0):
+    def __init__(self, margin: float = 1.0, buckets_per_octave: int = 4,
+                 smoothing: float = 0.05, stale_steps: int = 1000, explore: float = 0.5,
+                 prior_slope_ratio: float = 0.01):
         self.margin = margin
-        self.decay = decay
+        self.buckets_per_octave = buckets_per_octave
+        self.smoothing = smoothing
+        self.stale_steps = stale_steps
+        self.explore = explore
         self.prior_slope_ratio = prior_slope_ratio
-        self.prior_weight = prior_weight
-        self.fixed_prior_weight = fixed_prior_weight
-        self._xx = [[0.0] * 3 for _ in range(3)]  # decayed sum of x x^T, x = (1, n, s)
-        self._xy = [0.0] * 3  # decayed sum of x T
-        self._fit: tuple[float, float, float] | None = None  # cached coefficients
+        # (bucket, speculative) -> [mean tokens, mean seconds, count, step last observed]
+        self._groups: dict[tuple[int, bool], list[float]] = {}
+        self._steps = 0
+        self._curve: tuple[list[float], list[float]] | None = None  # cached knots
 
     def observe(self, tokens: int, seconds: float, speculative: bool = False) -> None:
-        """Add one step: ``tokens`` scheduled tokens took ``seconds``; ``speculative``:
-        the step verified draft tokens.
+        """Add one decode step: ``tokens`` (>= 1) scheduled tokens took ``seconds``;
+        ``speculative``: the step verified draft tokens. Steps of 0 tokens are ignored.
 
-        Plain Python floats, not numpy: in a CPU worker a numpy call per step here (a
-        3x3 ``linalg.solve``) took ~0.1 ms next to the model's threads, ~0.5% of a step."""
-        x = (1.0, float(tokens), 1.0 if speculative else 0.0)
-        d = self.decay
-        for row, xi in zip(self._xx, x):
-            for j, xj in enumerate(x):
-                row[j] = row[j] * d + xi * xj
-        self._xy = [v * d + xi * seconds for v, xi in zip(self._xy, x)]
-        self._fit = None
+        Plain Python floats, not numpy: in a CPU worker a numpy call per step here took
+        ~0.1 ms next to the model's threads, ~0.5% of a step."""
+        if tokens < 1:
+            return
+        self._steps += 1
+        key = (int(self.buckets_per_octave * math.log2(tokens)), bool(speculative))
+        group = self._groups.get(key)
+        if group is None:
+            self._groups[key] = [float(tokens), float(seconds), 1, self._steps]
+        else:
+            group[2] += 1
+            w = max(1.0 / group[2], self.smoothing)  # a plain mean until 1/smoothing steps
+            group[0] += w * (tokens - group[0])
+            group[1] += w * (seconds - group[1])
+            group[3] = self._steps
+        self._curve = None
 
     @property
     def fitted(self) -> bool:
         """Whether any step has been observed."""
-        return self._xx[0][0] > 0
+        return bool(self._groups)
 
-    def coefficients(self) -> tuple[float, float, float]:
-        """``(a, b, c)``: seconds, seconds per token, seconds; zeros before any step."""
-        if not self.fitted:
-            return 0.0, 0.0, 0.0
-        if self._fit is None:
-            self._fit = self._solve()
-        return self._fit
+    def knots(self) -> tuple[list[float], list[float]]:
+        """The curve's knots: ``(tokens, seconds)``, tokens ascending, seconds
+        non-decreasing, from the groups observed within ``stale_steps`` steps."""
+        if self._curve is None:
+            fresh = sorted((g[0], g[1]) for g in self._groups.values()
+                           if self._steps - g[3] < self.stale_steps)
+            ns, ts = [], []
+            for n, t in fresh:
+                ns.append(n)
+                ts.append(max(t, ts[-1]) if ts else t)
+            self._curve = ns, ts
+        return self._curve
 
-    def _solve(self) -> tuple[float, float, float]:
-        xx, xy = self._xx, self._xy
-        mean_step = xy[0] / xx[0][0]
-        ridge = (0.0, self.prior_weight, self.fixed_prior_weight)
-        m = [[xx[i][j] + (ridge[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
-        v = [xy[0], xy[1] + self.prior_weight * self.prior_slope_ratio * mean_step, xy[2]]
-        a, b, c = _solve3(m, v)
-        b, c = max(0.0, b), max(0.0, c)
-        n_mean = xx[0][1] / xx[0][0]
-        s_mean = xx[0][2] / xx[0][0]
-        a = max(mean_step - b * n_mean - c * s_mean, 1e-9)  # refit after clipping
-        return a, b, c
+    def step_time(self, tokens: float) -> float:
+        """``T(tokens)`` in seconds: interpolated between the knots, flat below the first,
+        extrapolated optimistically above the last (see the class doc); 0 before any
+        step."""
+        ns, ts = self.knots()
+        if not ns:
+            return 0.0
+        if tokens <= ns[0]:
+            return ts[0]
+        if tokens >= ns[-1]:
+            return ts[-1] + self.explore * self._top_slope(ns, ts) * (tokens - ns[-1])
+        i = bisect.bisect_right(ns, tokens)
+        n0, n1, t0, t1 = ns[i - 1], ns[i], ts[i - 1], ts[i]
+        return t1 if n1 - n0 < 1e-9 else t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+
+    def _top_slope(self, ns: list[float], ts: list[float]) -> float:
+        """Seconds per token over the curve's top octave (the prior slope when the curve
+        spans less than that)."""
+        i = bisect.bisect_right(ns, ns[-1] / 2) - 1
+        if i < 0:
+            return self.prior_slope_ratio * ts[-1]
+        return (ts[-1] - ts[i]) / (ns[-1] - ns[i])
+
+    def draft_cost(self, rows: int, draft_tokens: int) -> float:
+        """Seconds that ``draft_tokens`` draft tokens add to a step of ``rows`` decoding
+        requests: ``T(rows + D) - T(rows)`` (>= 0)."""
+        return max(0.0, self.step_time(rows + draft_tokens) - self.step_time(rows))
 
     def threshold(self, rows: int) -> float:
         """Emission probability a draft token must beat when ``rows`` requests decode.
 
-        Returns ``margin · b · rows / T(rows)`` with ``T(rows) = a + b·rows`` (a plain
-        step); 0 (draft everything) before the first step.
+        Returns ``margin · rows · price / T(rows)``, ``price`` being a draft token's
+        marginal time when each request drafts one token on average
+        (``draft_cost(rows, rows) / rows``); 0 (draft everything) before the first step.
         """
-        a, b, _ = self.coefficients()
         if rows <= 0 or not self.fitted:
             return 0.0
-        return self.margin * b * rows / (a + b * rows)
+        return self.margin * self.draft_cost(rows, rows) / self.step_time(rows)
 
     def pays_off(self, rows: int, expected_accepted: float, draft_tokens: int) -> bool:
         """Whether drafting this step raises throughput by the margin: ``(rows + E) /
-        (T(rows) + b·D + c) > rows / T(rows)``, i.e. ``E · T(rows) > rows · (b·D + c)``,
-        with the right-hand side times ``margin``.
+        T(rows + D) > rows / T(rows)``, i.e. ``E · T(rows) > rows · (T(rows + D) -
+        T(rows))``, with the right-hand side times ``margin``.
 
         Args:
             rows: requests decoding this step.
@@ -305,17 +348,5 @@ class StepCostModel:
             return False
         if not self.fitted:
             return True
-        a, b, c = self.coefficients()
-        return expected_accepted * (a + b * rows) > self.margin * rows * (b * draft_tokens + c)
-
-
-def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float]:
-    """Solve the 3x3 system ``m · x = v`` (``m`` positive definite) by Cramer's rule."""
-    def det(a):
-        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
-                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
-                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
-
-    d = det(m)
-    return tuple(det([[v[i] if j == col else m[i][j] for j in range(3)] for i in range(3)]) / d
-                 for col in range(3))
+        return (expected_accepted * self.step_time(rows)
+                > self.margin * rows * self.draft_cost(rows, draft_tokens))
