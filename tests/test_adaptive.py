@@ -165,9 +165,10 @@ def test_cost_model_follows_a_measured_concave_step_time_curve():
         m.observe(n, true_time(n) + rng.gauss(0, 0.0005), speculative=n > 32)
     for n in (1, 8, 16, 32, 64, 150, 280):
         assert m.step_time(n) == pytest.approx(true_time(n), rel=0.04)
-    # 32 decoding rows: a draft token must be emitted with p > 32 * price / T(32), the
-    # price being the marginal time per token of 32 more tokens (0.6 ms)
-    assert m.threshold(32) == pytest.approx(32 * 0.0006 / true_time(32), rel=0.1)
+    # 32 decoding rows, 64 draft tokens on offer: a draft token must be emitted with
+    # p > 32 * price / T(32), the price being the time per token from 33 to 96 (0.6 ms)
+    assert m.threshold(32, 64) == pytest.approx(32 * 0.0006 / true_time(32), rel=0.1)
+    assert m.threshold(32, 0) == 0.0
 
 
 def test_drafts_are_priced_at_the_token_count_they_run_at():
@@ -205,7 +206,7 @@ def test_cost_model_explores_beyond_what_it_measured_then_trusts_the_measurement
 
 def test_cost_model_before_and_after_its_first_steps():
     m = StepCostModel(prior_slope_ratio=0.01, explore=0.5)
-    assert not m.fitted and m.threshold(4) == 0.0 and m.pays_off(8, 0.1, 1)  # draft
+    assert not m.fitted and m.threshold(4, 8) == 0.0 and m.pays_off(8, 0.1, 1)  # draft
     assert not m.pays_off(8, 5.0, 0)  # nothing to verify
     for _ in range(50):
         m.observe(1, 0.05)  # only batch-1 plain steps: the slope beyond is the prior's
@@ -224,6 +225,10 @@ def test_pays_off_weighs_expected_tokens_against_the_speculative_steps_own_cost(
     # 8 rows, T(8) = 28 ms; one draft token costs 1 + 2 ms: needs E > 8 * 3 / 28 = 0.86
     assert not m.pays_off(8, expected_accepted=0.8, draft_tokens=1)
     assert m.pays_off(8, expected_accepted=0.9, draft_tokens=1)
+    # per token, the fixed 2 ms is not charged to each of 6 draft tokens (1 ms each), only
+    # to a lone one
+    assert m.threshold(8, 6) == pytest.approx(8 * 0.001 / 0.028, rel=0.02)
+    assert m.threshold(8, 1) == pytest.approx(8 * 0.003 / 0.028, rel=0.02)
 
 
 def test_margin_raises_the_bar_for_drafting():
@@ -233,5 +238,5 @@ def test_margin_raises_the_bar_for_drafting():
             spec = i % 2 == 1
             n = 8 + (1 + i % 7 if spec else 0)
             m.observe(n, 0.020 + 0.001 * n + (0.002 if spec else 0.0), spec)
-    assert careful.threshold(8) == pytest.approx(1.5 * plain.threshold(8))
+    assert careful.threshold(8, 4) == pytest.approx(1.5 * plain.threshold(8, 4))
     assert plain.pays_off(8, 1.0, 1) and not careful.pays_off(8, 1.0, 1)  # needs 1.29

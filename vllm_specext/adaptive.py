@@ -18,7 +18,8 @@ A draft token at depth ``j`` pays off when its chance of being emitted,
 ``p_j = alpha1 · alpha2**(j-1)``, beats its marginal cost relative to the tokens the step
 already produces: throughput ``(rows + accepted) / T(rows + drafts)`` grows iff
 ``accepted · T(rows) > rows · (T(rows + drafts) - T(rows))``. Per token that is
-``p_j > rows · price / T(rows)`` (:meth:`StepCostModel.threshold`), so each request drafts
+``p_j > rows · price / T(rows)``, ``price`` being the time per draft token of a verified step
+(:meth:`StepCostModel.threshold`), so each request drafts
 ``L = max{j <= k : p_j > threshold}`` tokens — zero when speculation does not pay. Then the
 batch as a whole drafts only if its expected accepted tokens pay for the measured
 ``T(rows + D) - T(rows)`` of its ``D`` draft tokens (:meth:`StepCostModel.pays_off`);
@@ -323,16 +324,26 @@ class StepCostModel:
         requests: ``T(rows + D) - T(rows)`` (>= 0)."""
         return max(0.0, self.step_time(rows + draft_tokens) - self.step_time(rows))
 
-    def threshold(self, rows: int) -> float:
-        """Emission probability a draft token must beat when ``rows`` requests decode.
+    def threshold(self, rows: int, draft_tokens: int) -> float:
+        """Emission probability a draft token must beat when ``rows`` requests decode and
+        the proposer offers ``draft_tokens`` draft tokens in all.
 
-        Returns ``margin · rows · price / T(rows)``, ``price`` being a draft token's
-        marginal time when each request drafts one token on average
-        (``draft_cost(rows, rows) / rows``); 0 (draft everything) before the first step.
+        Returns ``margin · rows · price / T(rows)`` (a token emitted with probability
+        ``p`` adds ``p`` tokens for ``price`` seconds; the step yields ``rows / T(rows)``
+        tokens per second without it). ``price`` is the mean time per token over the
+        verified steps those drafts would make, ``(T(rows + D) - T(rows + 1)) / (D - 1)``:
+        the fixed cost of verifying at all, ``T(rows + 1) - T(rows)``, is not charged to
+        every token but left to :meth:`pays_off` (with ``D = 1`` it is the price). 0
+        (draft everything) before the first step or without drafts.
         """
-        if rows <= 0 or not self.fitted:
+        if rows <= 0 or draft_tokens <= 0 or not self.fitted:
             return 0.0
-        return self.margin * self.draft_cost(rows, rows) / self.step_time(rows)
+        if draft_tokens == 1:
+            price = self.draft_cost(rows, 1)
+        else:
+            price = max(0.0, self.step_time(rows + draft_tokens)
+                        - self.step_time(rows + 1)) / (draft_tokens - 1)
+        return self.margin * rows * price / self.step_time(rows)
 
     def pays_off(self, rows: int, expected_accepted: float, draft_tokens: int) -> bool:
         """Whether drafting this step raises throughput by the margin: ``(rows + E) /

@@ -234,8 +234,8 @@ class SpecExtProposer:
             kinds = self.proposer.last_kinds or [0] * num_rows
             if self.fixed_threshold is not None:
                 return self.controller.trim(req_ids, drafts, self.fixed_threshold, kinds)
-            drafts = self.controller.trim(req_ids, drafts, self.cost_model.threshold(rows),
-                                          kinds)
+            threshold = self.cost_model.threshold(rows, sum(map(len, drafts)))
+            drafts = self.controller.trim(req_ids, drafts, threshold, kinds)
             expected = sum(self.controller.expected_accepted(rid, len(d), kind)
                            for rid, d, kind in zip(req_ids, drafts, kinds) if d)
             if self.cost_model.pays_off(rows, expected, sum(map(len, drafts))):
