@@ -210,24 +210,28 @@ class DraftLengthController:
 
 
 class StepCostModel:
-    """Measured step time of the target, ``T(n)``, over the tokens ``n`` a decode step
-    schedules: a piecewise-linear curve through running means of the observed steps.
+    """Measured step time of the target over the tokens ``n`` a decode step schedules:
+    two piecewise-linear curves, ``P(n)`` for plain steps and ``V(n)`` for steps that
+    verified drafts (the speculative path has its own fixed cost: spec-decode metadata,
+    the rejection sampler).
 
-    Steps are grouped by ``n`` into log-spaced buckets (``buckets_per_octave`` per doubling)
-    and, within a bucket, by whether the step verified drafts (the speculative path has its
-    own fixed cost: spec-decode metadata, the rejection sampler); each group keeps the running
-    mean of its ``n`` and of its step time (exponential, weight ``smoothing``, so the curve
-    follows drift). ``T`` interpolates linearly between the groups' means, sorted by ``n``
-    and made non-decreasing. No shape is assumed: on a GPU a step is nearly flat in ``n``
-    until the batch becomes compute-bound; on a 2-core CPU it was flat from 26 to 37 tokens
-    and then rose ~2.5 ms per token (batch 32, fp32 SmolLM2-135M). A straight-line fit over
-    all steps priced draft tokens at the slope of the batch's shrinking tail (1-32 tokens)
-    instead of the token counts that drafting runs at.
+    Steps are grouped by ``n`` into log-spaced buckets (``buckets_per_octave`` per
+    doubling) and by kind. A group counts once it has ``min_samples`` steps, starting from
+    their median time (a garbage-collection pause or another process's burst in one step
+    must not price a batch size for good); after that each step, clamped to within a
+    factor 2 of the group's mean, moves a running mean of its ``n`` and time (weight
+    ``smoothing``, so the curve follows drift). Each curve goes through its groups' means,
+    sorted by ``n`` and made non-decreasing by pooling neighbours that break the order
+    (isotonic regression, weighted by samples). No shape is assumed: on a 2-core CPU
+    (fp32 SmolLM2-135M) a batch-8 step was 40 ms flat from 1 to 9 tokens, then rose
+    ~2.9 ms per token; on a GPU a step stays nearly flat until the batch becomes
+    compute-bound. A straight-line fit over all steps priced draft tokens at the slope of
+    the batch's shrinking tail (1-32 tokens) instead of the token counts drafting runs at.
 
-    Beyond the largest fresh group the curve is extrapolated with ``explore`` x the slope of
-    its top octave: optimism, so that a batch that has never drafted at that size tries it
-    and measures it (a wrong guess costs one step; the measured group then decides). Groups
-    not observed for ``stale_steps`` steps are dropped from the curve, so that the region is
+    Beyond a curve's largest token count it is extrapolated with ``explore`` x the slope
+    of its top octave: optimism, so that a batch that never drafted at that size tries it
+    and measures it. Below its smallest, ``V`` follows ``P`` plus the fixed cost measured
+    there. Groups not observed for ``stale_steps`` steps are left out, so a region is
     measured again once the machine or the workload may have changed.
 
     Args:
@@ -235,27 +239,35 @@ class StepCostModel:
             cost (:meth:`threshold`, :meth:`pays_off`); 1.0 = break-even. The estimates are
             noisy and a wrong "draft" costs verification at once, so the default in the
             engine is 1.5 (``adaptive_margin``).
-        buckets_per_octave: resolution of the curve in ``n`` (>= 1).
+        buckets_per_octave: resolution of the curves in ``n`` (>= 1).
         smoothing: weight of a new step in its group's running mean, in (0, 1].
+        min_samples: steps a group needs before it counts (>= 1).
         stale_steps: steps after which an unobserved group no longer counts (>= 1).
         explore: factor in (0, 1] on the extrapolated slope beyond the measured range.
         prior_slope_ratio: slope assumed, as a fraction of the step time per token, when
-            only one token count has been measured (0.01: a memory-bound GPU step).
+            a curve spans less than an octave (0.01: a memory-bound GPU step).
+
+    Raises:
+        ValueError: a count argument below 1.
     """
 
     def __init__(self, margin: float = 1.0, buckets_per_octave: int = 4,
-                 smoothing: float = 0.05, stale_steps: int = 1000, explore: float = 0.5,
-                 prior_slope_ratio: float = 0.01):
+                 smoothing: float = 0.05, min_samples: int = 3, stale_steps: int = 1000,
+                 explore: float = 0.5, prior_slope_ratio: float = 0.01):
+        for name, value in (("buckets_per_octave", buckets_per_octave),
+                            ("min_samples", min_samples), ("stale_steps", stale_steps)):
+            if value < 1:
+                raise ValueError(f"StepCostModel {name} must be >= 1, got {value}")
         self.margin = margin
         self.buckets_per_octave = buckets_per_octave
         self.smoothing = smoothing
+        self.min_samples = min_samples
         self.stale_steps = stale_steps
         self.explore = explore
         self.prior_slope_ratio = prior_slope_ratio
-        # (bucket, speculative) -> [mean tokens, mean seconds, count, step last observed]
-        self._groups: dict[tuple[int, bool], list[float]] = {}
+        self._groups: dict[tuple[int, bool], _StepGroup] = {}  # (bucket, verified) -> group
         self._steps = 0
-        self._curve: tuple[list[float], list[float]] | None = None  # cached knots
+        self._curves: dict[bool, tuple[list[float], list[float]]] | None = None  # cache
 
     def observe(self, tokens: int, seconds: float, speculative: bool = False) -> None:
         """Add one decode step: ``tokens`` (>= 1) scheduled tokens took ``seconds``;
@@ -269,86 +281,88 @@ class StepCostModel:
         key = (int(self.buckets_per_octave * math.log2(tokens)), bool(speculative))
         group = self._groups.get(key)
         if group is None:
-            self._groups[key] = [float(tokens), float(seconds), 1, self._steps]
-        else:
-            group[2] += 1
-            w = max(1.0 / group[2], self.smoothing)  # a plain mean until 1/smoothing steps
-            group[0] += w * (tokens - group[0])
-            group[1] += w * (seconds - group[1])
-            group[3] = self._steps
-        self._curve = None
+            group = self._groups[key] = _StepGroup()
+        group.add(float(tokens), float(seconds), self._steps, self.min_samples, self.smoothing)
+        self._curves = None
 
     @property
     def fitted(self) -> bool:
-        """Whether any step has been observed."""
-        return bool(self._groups)
+        """Whether some group of steps counts (has ``min_samples`` steps)."""
+        return any(g.ready for g in self._groups.values())
 
-    def knots(self) -> tuple[list[float], list[float]]:
-        """The curve's knots: ``(tokens, seconds)``, tokens ascending, seconds
-        non-decreasing, from the groups observed within ``stale_steps`` steps."""
-        if self._curve is None:
-            fresh = sorted((g[0], g[1]) for g in self._groups.values()
-                           if self._steps - g[3] < self.stale_steps)
-            ns, ts = [], []
-            for n, t in fresh:
-                ns.append(n)
-                ts.append(max(t, ts[-1]) if ts else t)
-            self._curve = ns, ts
-        return self._curve
+    def _knots(self, speculative: bool) -> tuple[list[float], list[float]]:
+        """Knots ``(tokens, seconds)`` of ``V`` (``speculative``) or ``P``: tokens
+        ascending, seconds non-decreasing."""
+        if self._curves is None:
+            self._curves = {}
+            for kind in (False, True):
+                points = sorted((g.n, g.t, min(g.count, 1.0 / self.smoothing))
+                                for (_, verified), g in self._groups.items()
+                                if verified == kind and g.ready
+                                and self._steps - g.last < self.stale_steps)
+                self._curves[kind] = _isotonic(points)
+        return self._curves[speculative]
 
-    def step_time(self, tokens: float) -> float:
-        """``T(tokens)`` in seconds: interpolated between the knots, flat below the first,
-        extrapolated optimistically above the last (see the class doc); 0 before any
-        step."""
-        ns, ts = self.knots()
-        if not ns:
-            return 0.0
+    def _on_curve(self, knots: tuple[list[float], list[float]], tokens: float) -> float:
+        ns, ts = knots
         if tokens <= ns[0]:
             return ts[0]
         if tokens >= ns[-1]:
-            return ts[-1] + self.explore * self._top_slope(ns, ts) * (tokens - ns[-1])
+            i = bisect.bisect_right(ns, ns[-1] / 2) - 1  # the top octave's slope
+            slope = (self.prior_slope_ratio * ts[-1] if i < 0
+                     else (ts[-1] - ts[i]) / (ns[-1] - ns[i]))
+            return ts[-1] + self.explore * slope * (tokens - ns[-1])
         i = bisect.bisect_right(ns, tokens)
         n0, n1, t0, t1 = ns[i - 1], ns[i], ts[i - 1], ts[i]
-        return t1 if n1 - n0 < 1e-9 else t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+        return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
 
-    def _top_slope(self, ns: list[float], ts: list[float]) -> float:
-        """Seconds per token over the curve's top octave (the prior slope when the curve
-        spans less than that)."""
-        i = bisect.bisect_right(ns, ns[-1] / 2) - 1
-        if i < 0:
-            return self.prior_slope_ratio * ts[-1]
-        return (ts[-1] - ts[i]) / (ns[-1] - ns[i])
+    def step_time(self, tokens: float, speculative: bool = False) -> float:
+        """Seconds of a decode step of ``tokens`` tokens: ``V(tokens)`` if it verifies
+        drafts (``speculative``), else ``P(tokens)``. A curve with no measurement in
+        reach borrows the other (``V`` = ``P`` before any verified step); 0 before any
+        step."""
+        plain, verified = self._knots(False), self._knots(True)
+        if not plain[0] and not verified[0]:
+            return 0.0
+        if not speculative or not verified[0]:
+            return self._on_curve(plain if plain[0] else verified, tokens)
+        if tokens >= verified[0][0] or not plain[0]:
+            return self._on_curve(verified, tokens)
+        n0, t0 = verified[0][0], verified[1][0]  # below V's first knot: P + fixed cost
+        fixed = max(0.0, t0 - self._on_curve(plain, n0))
+        return min(t0, self._on_curve(plain, tokens) + fixed)
 
     def draft_cost(self, rows: int, draft_tokens: int) -> float:
         """Seconds that ``draft_tokens`` draft tokens add to a step of ``rows`` decoding
-        requests: ``T(rows + D) - T(rows)`` (>= 0)."""
-        return max(0.0, self.step_time(rows + draft_tokens) - self.step_time(rows))
+        requests: ``V(rows + D) - P(rows)`` (>= 0), the fixed cost of verifying included."""
+        return max(0.0, self.step_time(rows + draft_tokens, True) - self.step_time(rows))
 
     def threshold(self, rows: int, draft_tokens: int) -> float:
         """Emission probability a draft token must beat when ``rows`` requests decode and
         the proposer offers ``draft_tokens`` draft tokens in all.
 
-        Returns ``margin · rows · price / T(rows)`` (a token emitted with probability
-        ``p`` adds ``p`` tokens for ``price`` seconds; the step yields ``rows / T(rows)``
+        Returns ``margin · rows · price / P(rows)`` (a token emitted with probability
+        ``p`` adds ``p`` tokens for ``price`` seconds; the step yields ``rows / P(rows)``
         tokens per second without it). ``price`` is the mean time per token over the
-        verified steps those drafts would make, ``(T(rows + D) - T(rows + 1)) / (D - 1)``:
-        the fixed cost of verifying at all, ``T(rows + 1) - T(rows)``, is not charged to
-        every token but left to :meth:`pays_off` (with ``D = 1`` it is the price). 0
-        (draft everything) before the first step or without drafts.
+        verified steps those drafts would make, ``(V(rows + D) - V(rows + 1)) / (D - 1)``:
+        the fixed cost of verifying at all is not charged to every token but left to
+        :meth:`pays_off` (with ``D = 1`` the price is :meth:`draft_cost`). 0 (draft
+        everything) before the first measurement or without drafts.
         """
-        if rows <= 0 or draft_tokens <= 0 or not self.fitted:
+        base = self.step_time(rows)
+        if rows <= 0 or draft_tokens <= 0 or base <= 0.0:
             return 0.0
         if draft_tokens == 1:
             price = self.draft_cost(rows, 1)
         else:
-            price = max(0.0, self.step_time(rows + draft_tokens)
-                        - self.step_time(rows + 1)) / (draft_tokens - 1)
-        return self.margin * rows * price / self.step_time(rows)
+            price = max(0.0, self.step_time(rows + draft_tokens, True)
+                        - self.step_time(rows + 1, True)) / (draft_tokens - 1)
+        return self.margin * rows * price / base
 
     def pays_off(self, rows: int, expected_accepted: float, draft_tokens: int) -> bool:
         """Whether drafting this step raises throughput by the margin: ``(rows + E) /
-        T(rows + D) > rows / T(rows)``, i.e. ``E · T(rows) > rows · (T(rows + D) -
-        T(rows))``, with the right-hand side times ``margin``.
+        V(rows + D) > rows / P(rows)``, i.e. ``E · P(rows) > rows · (V(rows + D) -
+        P(rows))``, with the right-hand side times ``margin``.
 
         Args:
             rows: requests decoding this step.
@@ -361,3 +375,48 @@ class StepCostModel:
             return True
         return (expected_accepted * self.step_time(rows)
                 > self.margin * rows * self.draft_cost(rows, draft_tokens))
+
+
+class _StepGroup:
+    """Steps of one token-count bucket and kind: running means of tokens and seconds."""
+
+    __slots__ = ("n", "t", "count", "last", "first")
+
+    def __init__(self):
+        self.n = self.t = 0.0
+        self.count = self.last = 0
+        self.first: list[tuple[float, float]] = []  # the first steps, until ready
+
+    @property
+    def ready(self) -> bool:
+        return not self.first and self.count > 0
+
+    def add(self, tokens: float, seconds: float, step: int, min_samples: int,
+            smoothing: float) -> None:
+        self.count += 1
+        self.last = step
+        if self.count <= min_samples:  # start from the median of the first steps
+            self.first.append((seconds, tokens))
+            if self.count == min_samples:
+                self.first.sort()
+                self.t = self.first[len(self.first) // 2][0]
+                self.n = sum(n for _, n in self.first) / len(self.first)
+                self.first = []
+            return
+        seconds = min(max(seconds, 0.5 * self.t), 2.0 * self.t)
+        w = max(1.0 / self.count, smoothing)
+        self.n += w * (tokens - self.n)
+        self.t += w * (seconds - self.t)
+
+
+def _isotonic(points: list[tuple[float, float, float]]) -> tuple[list[float], list[float]]:
+    """Non-decreasing fit of ``(x, y, weight)`` points sorted by x (pool adjacent
+    violators): returns the pooled blocks' weighted mean ``(xs, ys)``."""
+    blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w]
+    for x, y, w in points:
+        blocks.append([w * x, w * y, w])
+        while len(blocks) > 1 and blocks[-2][1] * blocks[-1][2] > blocks[-1][1] * blocks[-2][2]:
+            last = blocks.pop()
+            for i in range(3):
+                blocks[-1][i] += last[i]
+    return [b[0] / b[2] for b in blocks], [b[1] / b[2] for b in blocks]
