@@ -274,3 +274,16 @@ def test_a_stalled_step_does_not_price_a_batch_size():
 def test_cost_model_rejects_counts_below_one():
     with pytest.raises(ValueError, match="stale_steps"):
         StepCostModel(stale_steps=0)
+
+
+def test_a_slow_first_plain_measurement_is_capped_by_verified_steps_as_large():
+    """Plain 8-token steps measured slow once (an engine's first steps), then the batch
+    always drafts, so P(8) is never measured again: verified steps of 8 tokens bound it."""
+    m = StepCostModel()
+    for _ in range(3):
+        m.observe(8, 0.150)
+    for i in range(300):
+        n = 4 + i % 60
+        m.observe(n, 0.040 + 0.0029 * max(0, n - 9), speculative=True)
+    assert m.step_time(8) == pytest.approx(0.040, rel=0.02)
+    assert m.draft_cost(8, 16) == pytest.approx(0.0029 * 15, rel=0.1)

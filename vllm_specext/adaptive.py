@@ -318,14 +318,21 @@ class StepCostModel:
 
     def step_time(self, tokens: float, speculative: bool = False) -> float:
         """Seconds of a decode step of ``tokens`` tokens: ``V(tokens)`` if it verifies
-        drafts (``speculative``), else ``P(tokens)``. A curve with no measurement in
-        reach borrows the other (``V`` = ``P`` before any verified step); 0 before any
-        step."""
+        drafts (``speculative``), else ``P(tokens)``, capped by ``V(tokens)`` where ``V``
+        is measured (a plain step is only re-measured when the batch does not draft, so a
+        slow early measurement of it would otherwise make drafting look cheap for good).
+        A curve with no measurement in reach borrows the other (``V`` = ``P`` before any
+        verified step); 0 before any step."""
         plain, verified = self._knots(False), self._knots(True)
         if not plain[0] and not verified[0]:
             return 0.0
-        if not speculative or not verified[0]:
-            return self._on_curve(plain if plain[0] else verified, tokens)
+        if not verified[0]:
+            return self._on_curve(plain, tokens)
+        if not speculative:  # a plain step costs no more than a verified one as large
+            if not plain[0]:
+                return self._on_curve(verified, tokens)
+            t = self._on_curve(plain, tokens)
+            return min(t, self._on_curve(verified, tokens)) if tokens >= verified[0][0] else t
         if tokens >= verified[0][0] or not plain[0]:
             return self._on_curve(verified, tokens)
         n0, t0 = verified[0][0], verified[1][0]  # below V's first knot: P + fixed cost
