@@ -318,8 +318,8 @@ class StepCostModel:
 
     def step_time(self, tokens: float, speculative: bool = False) -> float:
         """Seconds of a decode step of ``tokens`` tokens: ``V(tokens)`` if it verifies
-        drafts (``speculative``), else ``P(tokens)``, capped by ``V(tokens)`` where ``V``
-        is measured (a plain step is only re-measured when the batch does not draft, so a
+        drafts (``speculative``), else ``P(tokens)``, capped by ``V(tokens)`` within ``V``'s
+        measured range (a plain step is only re-measured when the batch does not draft, so a
         slow early measurement of it would otherwise make drafting look cheap for good).
         A curve with no measurement in reach borrows the other (``V`` = ``P`` before any
         verified step); 0 before any step."""
@@ -332,7 +332,8 @@ class StepCostModel:
             if not plain[0]:
                 return self._on_curve(verified, tokens)
             t = self._on_curve(plain, tokens)
-            return min(t, self._on_curve(verified, tokens)) if tokens >= verified[0][0] else t
+            measured = verified[0][0] <= tokens <= verified[0][-1]  # not extrapolated
+            return min(t, self._on_curve(verified, tokens)) if measured else t
         if tokens >= verified[0][0] or not plain[0]:
             return self._on_curve(verified, tokens)
         n0, t0 = verified[0][0], verified[1][0]  # below V's first knot: P + fixed cost
