@@ -287,8 +287,9 @@ class StepCostModel:
 
     @property
     def fitted(self) -> bool:
-        """Whether some group of steps counts (has ``min_samples`` steps)."""
-        return any(g.ready for g in self._groups.values())
+        """Whether a curve has a knot: some group of steps counts (``min_samples``
+        steps, observed within ``stale_steps``)."""
+        return bool(self._knots(False)[0] or self._knots(True)[0])
 
     def _knots(self, speculative: bool) -> tuple[list[float], list[float]]:
         """Knots ``(tokens, seconds)`` of ``V`` (``speculative``) or ``P``: tokens
