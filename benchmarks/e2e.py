@@ -153,13 +153,13 @@ def merge(results: list[dict]) -> dict:
     acceptance length and tau recomputed from the sums)."""
     out = {key: sum(r[key] for r in results) for key in
            ("seconds", "output_tokens", "num_drafts", "num_draft_tokens",
-            "num_accepted_tokens")}
+            "num_accepted_tokens", "steps")}
     for key in ("token_ids", "ttft_s", "tpot_s"):
         out[key] = [x for r in results for x in r[key]]
     n, acc = out["output_tokens"], out["num_accepted_tokens"]
     out["tokens_per_s"] = n / out["seconds"] if out["seconds"] else 0.0
     out["mean_acceptance_length"] = 1 + acc / out["num_drafts"] if out["num_drafts"] else 1.0
-    out["tau"] = n / (n - acc) if n > acc else 1.0
+    out["tau"] = n / out["steps"] if out["steps"] > 0 else 1.0
     return out
 
 

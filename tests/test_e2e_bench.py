@@ -41,17 +41,17 @@ def test_units_are_prompts_at_batch_1_and_one_batch_otherwise(e2e):
     assert len(eight) == 1 and len(eight[0]["chats"]) == 8 and eight[0]["max_tokens"] == 16
 
 
-def _result(seconds, tokens, drafts=0, draft_tokens=0, accepted=0):
+def _result(seconds, tokens, drafts=0, draft_tokens=0, accepted=0, steps=1):
     return {"seconds": seconds, "output_tokens": tokens, "num_drafts": drafts,
-            "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
+            "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted, "steps": steps,
             "token_ids": [[1] * tokens], "ttft_s": [0.1], "tpot_s": [0.02]}
 
 
 def test_merge_recomputes_rates_from_sums(e2e):
-    out = e2e.merge([_result(1.0, 10, 2, 8, 4), _result(3.0, 30, 6, 24, 12)])
+    out = e2e.merge([_result(1.0, 10, 2, 8, 4, 5), _result(3.0, 30, 6, 24, 12, 15)])
     assert out["tokens_per_s"] == 10.0
     assert out["mean_acceptance_length"] == 1 + 16 / 8
-    assert out["tau"] == 40 / (40 - 16)
+    assert out["tau"] == 40 / 20  # from the steps, not from the accepted tokens
     assert len(out["token_ids"]) == 2 and out["ttft_s"] == [0.1, 0.1]
 
 

@@ -28,8 +28,14 @@ def test_greedy_identical(baseline, method, k):
     assert len(res["token_ids"]) == len(CHATS) >= 6
     for i, (got, want) in enumerate(zip(res["token_ids"], baseline["token_ids"])):
         assert got == want, f"prompt {i} differs with {method} k={k}"
+    # target steps are counted per request: one token each without drafts; with them,
+    # accepted tokens past max_tokens are counted by vLLM but not output
+    assert baseline["steps"] == baseline["output_tokens"]
     if method != "naive":
         assert res["num_accepted_tokens"] > 0
         assert res["num_draft_tokens"] <= k * res["num_drafts"]
+        assert (res["output_tokens"] - res["num_accepted_tokens"] <= res["steps"]
+                < res["output_tokens"])
     else:
         assert res["num_drafts"] == 0 and res["num_draft_tokens"] == 0
+        assert res["steps"] == res["output_tokens"]

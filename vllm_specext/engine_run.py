@@ -25,12 +25,17 @@ from typing import Any
 DEFAULT_KV_CACHE_GIB = "2"
 
 
+#: vLLM's histogram observed once per request per decode step that produced tokens
+_ITL = "vllm:inter_token_latency_seconds"
+
+
 def _counter(metrics: list, name: str) -> float:
-    """Sum of a vLLM metric's values across engines (0 when absent)."""
+    """Sum of a vLLM metric's values across engines (0 when absent); for a histogram,
+    its observation count."""
     total = 0.0
     for m in metrics:
         if m.name == name:
-            total += getattr(m, "value", 0) or 0
+            total += (getattr(m, "value", None) or getattr(m, "count", 0) or 0)
     return total
 
 
@@ -86,7 +91,13 @@ def generate(job: dict[str, Any]) -> dict[str, Any]:
         ``{"texts", "token_ids", "seconds" (generate wall time), "output_tokens",
         "tokens_per_s", "ttft_s" and "tpot_s" (per-request lists, seconds), "num_drafts",
         "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length", "tau"}``;
-        ``tau`` (output tokens per target step) is estimated as output / (output - accepted).
+        ``steps``: target steps summed over requests, the requests' decode steps + one
+        prefill step each; ``tau`` (output tokens per target step) = output / steps.
+        Decode steps are counted by vLLM's
+        ``inter_token_latency`` histogram (one observation per request per step that gave
+        it tokens). Not output / (output - accepted): accepted draft tokens past a
+        request's ``max_tokens`` are counted by vLLM but cut from the output (that
+        estimate is the fallback where the histogram is missing).
     """
     llm = start_engine(job)
     if "cells" in job:
@@ -145,6 +156,10 @@ def _cell_result(texts: list[str], token_ids: list[list[int]], seconds: float,
     drafts = delta("vllm:spec_decode_num_drafts")
     accepted = delta("vllm:spec_decode_num_accepted_tokens")
     n_out = sum(len(t) for t in token_ids)
+    if any(m.name == _ITL for m in after):
+        steps = delta(_ITL) + len(token_ids)
+    else:  # a vLLM without the histogram: every accepted token counted as output
+        steps = n_out - accepted
     return {
         "texts": texts,
         "token_ids": token_ids,
@@ -157,7 +172,8 @@ def _cell_result(texts: list[str], token_ids: list[list[int]], seconds: float,
         "num_draft_tokens": int(delta("vllm:spec_decode_num_draft_tokens")),
         "num_accepted_tokens": int(accepted),
         "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
-        "tau": n_out / (n_out - accepted) if n_out > accepted else 1.0,
+        "steps": int(steps),
+        "tau": n_out / steps if steps > 0 else 1.0,
     }
 
 
