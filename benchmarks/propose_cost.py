@@ -8,7 +8,10 @@ the drafter does per step) is wrapped with a timer.
 
 Reports per method: wall time of the timed call (s), steps (propose calls), median propose
 time over the steps with at least 3/4 of the batch decoding (ms) and its share of the mean
-step time. Writes JSON (``--out``).
+step time; the first call's time (ms: the prefill step's, where the drafter starts the new
+requests and indexes their prompts) and its share of the median TTFT (vLLM's per-request
+``first_token_latency``), i.e. what index building adds to the first token. Writes JSON
+(``--out``).
 
 Usage::
 
@@ -52,19 +55,23 @@ def measure(method: str, workload: str, batch: int, max_tokens: int) -> dict:
     SpecExtProposer.propose = timed
     llm = LLM(model=str(default_model_path()), dtype="float32", enforce_eager=True, seed=0,
               max_model_len=4096, enable_prefix_caching=False,
-              speculative_config={"method": method, "num_speculative_tokens": 8})
+              speculative_config={"method": method, "num_speculative_tokens": 8},
+              disable_log_stats=False)  # per-request metrics (TTFT)
     chats = WORKLOADS[workload][:batch]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     llm.chat(chats[:2], params)
     calls.clear()
     start = time.perf_counter()
-    llm.chat(chats, params)
+    outs = llm.chat(chats, params)
     wall = time.perf_counter() - start
     full = [s for s, rows in calls if rows >= 0.75 * batch]
     median = statistics.median(full) if full else float("nan")
+    ttft = statistics.median(o.metrics.first_token_latency for o in outs)
     return {"method": method, "wall_s": wall, "steps": len(calls),
             "propose_median_ms": 1000 * median,
-            "share_of_mean_step": median / (wall / max(len(calls), 1))}
+            "share_of_mean_step": median / (wall / max(len(calls), 1)),
+            "first_propose_ms": 1000 * calls[0][0], "ttft_median_ms": 1000 * ttft,
+            "first_propose_share_of_ttft": calls[0][0] / ttft}
 
 
 def main() -> None:
@@ -88,7 +95,9 @@ def main() -> None:
         r = run_json_child([__file__, "--child"], job)
         rows.append(r)
         print(f"{method:16s} {r['steps']:4d} steps  {r['wall_s']:6.2f} s  propose "
-              f"{r['propose_median_ms']:.3f} ms/step  {100 * r['share_of_mean_step']:.1f}% of a step")
+              f"{r['propose_median_ms']:.3f} ms/step  {100 * r['share_of_mean_step']:.1f}% of a step"
+              f"  first {r['first_propose_ms']:.3f} ms  "
+              f"{100 * r['first_propose_share_of_ttft']:.2f}% of TTFT {r['ttft_median_ms']:.0f} ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"workload": args.workload, "batch": args.batch,
                                     "max_tokens": args.max_tokens, "rows": rows}, indent=1))
