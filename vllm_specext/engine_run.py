@@ -90,14 +90,13 @@ def generate(job: dict[str, Any]) -> dict[str, Any]:
         One result per cell (``{"cells": [...]}`` when cells were given), each
         ``{"texts", "token_ids", "seconds" (generate wall time), "output_tokens",
         "tokens_per_s", "ttft_s" and "tpot_s" (per-request lists, seconds), "num_drafts",
-        "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length", "tau"}``;
-        ``steps``: target steps summed over requests, the requests' decode steps + one
-        prefill step each; ``tau`` (output tokens per target step) = output / steps.
-        Decode steps are counted by vLLM's
-        ``inter_token_latency`` histogram (one observation per request per step that gave
-        it tokens). Not output / (output - accepted): accepted draft tokens past a
-        request's ``max_tokens`` are counted by vLLM but cut from the output (that
-        estimate is the fallback where the histogram is missing).
+        "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length", "steps",
+        "tau"}``. ``steps``: target steps summed over the requests, one prefill step each
+        plus their decode steps, which vLLM's ``inter_token_latency`` histogram counts
+        (one observation per request per step that gave it tokens); ``tau`` (output
+        tokens per target step) = output / steps. Not output / (output - accepted):
+        vLLM counts drafts accepted past a request's ``max_tokens``, which the output
+        drops (that estimate is the fallback where the histogram is missing).
     """
     llm = start_engine(job)
     if "cells" in job:
