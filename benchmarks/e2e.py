@@ -17,8 +17,9 @@ untimed batch of synthetic copy prompts at the group's batch size
 touch fresh memory (in scratch runs with ``--slices 0.3``, ``naive`` read 0.93x on the
 first unit, code editing at batch 8, without it and 0.99x with it). A unit is one prompt at
 batch 1 (``--batch1-prompts`` per workload, sent one at a time) and the first B prompts of
-the workload at batch B (sent together); the group's engines run each unit back to back,
-the order rotating by one engine per unit. Each configuration's ratio is paired with its
+the workload at batch B (sent together; ``--batch-units N``: N units of the next B prompts
+each); the group's engines run each unit back to back, the order rotating by one engine
+per unit. Each configuration's ratio is paired with its
 own group's ``none`` on the same prompts. A cross-request cache (``suffix``,
 ``memory_decoding``) never sees a prompt's output before it is timed: the workloads run
 once per engine, and the batch sizes reuse the same prompts in other engines.
@@ -51,7 +52,7 @@ Usage::
 
     python benchmarks/e2e.py [--methods ngram,suffix,...,vllm_ngram] [-k 8]
         [--batch-sizes 1,8,32] [--workloads code_editing,...] [--max-tokens 128]
-        [--rounds 1] [--batch1-prompts 4] [--dtype float32] [--engines-at-once 4]
+        [--rounds 1] [--batch1-prompts 4] [--batch-units 1] [--dtype float32] [--engines-at-once 4]
         [--kv-cache-gib 1] [--slices SECONDS]
         [--out benchmarks/results/e2e.json]
     python benchmarks/e2e.py --quick   # smoke run: 1 round, batch 1 and 8,
@@ -138,12 +139,18 @@ def engine_groups(configs: list[str], engines_at_once: int) -> list[list[str]]:
     return [["none", *others[g::count]] for g in range(count)]
 
 
-def units(workload: str, batch: int, batch1_prompts: int, max_tokens: int) -> list[dict]:
+def units(workload: str, batch: int, batch1_prompts: int, max_tokens: int,
+          batch_units: int = 1) -> list[dict]:
     """The cells that every engine of a group runs back to back, in rotating order: at
-    batch 1 one cell per prompt (``batch1_prompts`` of them), else one cell of the first
-    ``batch`` prompts sent in one ``generate()`` call."""
-    chats = WORKLOADS[workload][:batch1_prompts if batch == 1 else batch]
-    groups = [[c] for c in chats] if batch == 1 else [chats]
+    batch 1 one cell per prompt (``batch1_prompts`` of them), else ``batch_units`` cells
+    of the next ``batch`` prompts each, a cell's prompts sent in one ``generate()`` call
+    (at most as many cells as the workload has prompts for)."""
+    chats = WORKLOADS[workload]
+    if batch == 1:
+        groups = [[c] for c in chats[:batch1_prompts]]
+    else:
+        groups = [chats[i:i + batch] for i in range(0, batch * batch_units, batch)
+                  if i + batch <= len(chats)]
     return [{"chats": g, "max_tokens": max_tokens, "temperature": 0.0, "batch_size": batch}
             for g in groups]
 
@@ -166,8 +173,8 @@ def merge(results: list[dict]) -> dict:
 def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                   batch_sizes: list[int], batch1_prompts: int, max_tokens: int, rounds: int,
                   dtype: str, timeout: float, engines_at_once: int = 4,
-                  kv_cache_gib: int = 1,
-                  slices: float | None = None) -> tuple[list[dict], list[dict]]:
+                  kv_cache_gib: int = 1, slices: float | None = None,
+                  batch_units: int = 1) -> tuple[list[dict], list[dict]]:
     """Run every (round, batch size, group of configurations) with the group's engines
     alive at once (fresh engines per round and batch size), interleaved unit by unit, or
     ``slices`` seconds of engine time at a time (see :func:`_run_group`).
@@ -187,7 +194,7 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                 start = time.perf_counter()
                 cells = _run_group_with_retry(label, group, configs, workloads, batch,
                                               batch1_prompts, max_tokens, dtype, timeout,
-                                              kv_cache_gib, slices)
+                                              kv_cache_gib, slices, batch_units)
                 if isinstance(cells, str):  # keep the other groups' results
                     errors.append({"round": rnd, "batch": batch, "config": "+".join(group),
                                    "error": cells})
@@ -228,8 +235,8 @@ def _run_group_with_retry(label: str, *args: Any) -> dict[tuple[str, str], dict]
 
 def _run_group(group: list[str], configs: dict[str, dict | None], workloads: list[str],
                batch: int, batch1_prompts: int, max_tokens: int, dtype: str,
-               timeout: float, kv_cache_gib: int,
-               slices: float | None) -> dict[tuple[str, str], dict]:
+               timeout: float, kv_cache_gib: int, slices: float | None,
+               batch_units: int = 1) -> dict[tuple[str, str], dict]:
     """Start the group's engines, warm each up untimed on a batch of
     :func:`workloads.warmup_chats`, run each workload's units on every engine (the order
     rotates by one engine per unit; with ``slices``, in-process engines get each unit's
@@ -249,7 +256,7 @@ def _run_group(group: list[str], configs: dict[str, dict | None], workloads: lis
         results: dict[tuple[str, str], list[dict]] = {}
         turn = 0
         for w in workloads:
-            for cell in units(w, batch, batch1_prompts, max_tokens):
+            for cell in units(w, batch, batch1_prompts, max_tokens, batch_units):
                 order = group[turn % len(group):] + group[:turn % len(group)]
                 turn += 1
                 for name, result in _run_unit(engines, order, cell, slices, timeout):
@@ -418,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--batch1-prompts", type=int, default=4,
                     help="prompts per workload at batch 1, sent one at a time")
+    ap.add_argument("--batch-units", type=int, default=1,
+                    help="cells run per workload at a batch size B > 1, each the next B "
+                    "prompts (more time measured per cell; cross-request caches see the "
+                    "earlier cells' outputs, as at batch 1)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: overrides rounds, batch sizes, workloads and max tokens")
@@ -453,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": " ".join(sys.argv), "model": "SmolLM2-135M-Instruct (default)",
             "dtype": args.dtype, "k": k, "max_tokens": max_tokens, "rounds": rounds,
             "batch_sizes": batch_sizes, "batch1_prompts": args.batch1_prompts,
+            "batch_units": args.batch_units,
             "workloads": workloads, "configs": configs, "enable_prefix_caching": False,
             "engine_groups": engine_groups(list(configs), args.engines_at_once),
             "kv_cache_gib": args.kv_cache_gib, "slices": args.slices,
@@ -464,12 +476,15 @@ def main(argv: list[str] | None = None) -> int:
           f"workloads {workloads}, k={k}, {max_tokens} tokens, {args.dtype}", flush=True)
     if args.engines_at_once < 2:
         sys.exit(f"--engines-at-once must be >= 2, got {args.engines_at_once}")
+    if args.batch_units < 1:
+        sys.exit(f"--batch-units must be >= 1, got {args.batch_units}")
     if args.slices is not None and args.slices <= 0:
         sys.exit(f"--slices must be > 0 seconds, got {args.slices}")
     os.environ.update(MALLOC_ENV)
     runs, errors = run_benchmark(configs, workloads, batch_sizes, args.batch1_prompts,
                                  max_tokens, rounds, args.dtype, args.timeout,
-                                 args.engines_at_once, args.kv_cache_gib, args.slices)
+                                 args.engines_at_once, args.kv_cache_gib, args.slices,
+                                 args.batch_units)
     rows = summarize(runs, list(configs))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:

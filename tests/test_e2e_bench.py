@@ -39,6 +39,10 @@ def test_units_are_prompts_at_batch_1_and_one_batch_otherwise(e2e):
     assert len(one) == 3 and all(len(u["chats"]) == 1 and u["batch_size"] == 1 for u in one)
     eight = e2e.units("summarization", 8, 3, 16)
     assert len(eight) == 1 and len(eight[0]["chats"]) == 8 and eight[0]["max_tokens"] == 16
+    four = e2e.units("summarization", 8, 3, 16, batch_units=4)
+    assert [u["chats"] for u in four] == [e2e.WORKLOADS["summarization"][i:i + 8]
+                                          for i in (0, 8, 16, 24)]
+    assert len(e2e.units("summarization", 32, 3, 16, batch_units=4)) == 1  # 32 prompts
 
 
 def _result(seconds, tokens, drafts=0, draft_tokens=0, accepted=0, steps=1):
