@@ -19,10 +19,10 @@ first unit, code editing at batch 8, without it and 0.99x with it). A unit is on
 batch 1 (``--batch1-prompts`` per workload, sent one at a time) and the first B prompts of
 the workload at batch B (sent together; ``--batch-units N``: N units of the next B prompts
 each); the group's engines run each unit back to back, the order rotating by one engine
-per unit. Each configuration's ratio is paired with its
-own group's ``none`` on the same prompts. A cross-request cache (``suffix``,
-``memory_decoding``) never sees a prompt's output before it is timed: the workloads run
-once per engine, and the batch sizes reuse the same prompts in other engines.
+per unit. Each configuration's ratio is paired with its own group's ``none`` on the same
+prompts. A cross-request cache (``suffix``, ``memory_decoding``) never sees a prompt's
+output before it is timed: the workloads run once per engine, and the batch sizes reuse
+the same prompts in other engines.
 ``--rounds`` repeats the whole cycle with fresh engines.
 
 By default the engine core runs in its own process, as ``LLM`` and ``vllm serve`` run
