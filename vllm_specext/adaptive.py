@@ -20,11 +20,10 @@ already produces: throughput ``(rows + accepted) / T(rows + drafts)`` grows iff
 ``accepted · T(rows) > rows · (T(rows + drafts) - T(rows))``. Per token that is
 ``p_j > rows · price / T(rows)``, ``price`` being the time per draft token of a verified step
 (:meth:`StepCostModel.threshold`), so each request drafts
-``L = max{j <= k : p_j > threshold}`` tokens — zero when speculation does not pay. Then the
-batch as a whole drafts only if its expected accepted tokens pay for the measured
-``T(rows + D) - T(rows)`` of its ``D`` draft tokens, and of the tokens left it verifies the
-``D`` most probable ones that maximize throughput (:meth:`StepCostModel.best_draft_tokens`);
-otherwise the step runs plain. A request whose drafts keep being withheld is drafted for
+``L = max{j <= k : p_j > threshold}`` tokens — zero when speculation does not pay. Of the
+tokens left, the step verifies the ``D`` most probable ones that maximize throughput
+(:meth:`StepCostModel.best_draft_tokens`): their expected accepted tokens must pay for the
+measured ``T(rows + D) - T(rows)``, else the step runs plain. A request whose drafts keep being withheld is drafted for
 only every few steps (:meth:`DraftLengthController.proposes`), so that speculation that does
 not pay stops costing the proposer's time too.
 """
@@ -240,8 +239,9 @@ class StepCostModel:
 
     Beyond a curve's largest token count it is extrapolated with ``explore`` x the slope
     of its top octave: optimism, so that a batch that never drafted at that size tries it
-    and measures it. Below its smallest, ``V`` follows ``P`` plus the fixed cost measured
-    there. Groups not observed for ``stale_steps`` steps are left out, so a region is
+    and measures it. Below its smallest, ``V`` grows linearly from the plain step below it
+    (optimism again: no fixed cost is assumed there, so that drafts shorter than any
+    verified so far are tried and measured). Groups not observed for ``stale_steps`` steps are left out, so a region is
     measured again once the machine or the workload may have changed.
 
     Args:
