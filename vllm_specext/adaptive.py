@@ -23,9 +23,10 @@ already produces: throughput ``(rows + accepted) / T(rows + drafts)`` grows iff
 ``L = max{j <= k : p_j > threshold}`` tokens — zero when speculation does not pay. Of the
 tokens left, the step verifies the ``D`` most probable ones that maximize throughput
 (:meth:`StepCostModel.best_draft_tokens`): their expected accepted tokens must pay for the
-measured ``T(rows + D) - T(rows)``, else the step runs plain. A request whose drafts keep being withheld is drafted for
-only every few steps (:meth:`DraftLengthController.proposes`), so that speculation that does
-not pay stops costing the proposer's time too.
+measured ``T(rows + D) - T(rows)``, else the step runs plain. A request whose drafts keep
+being withheld is drafted for only every few steps
+(:meth:`DraftLengthController.proposes`), so that speculation that does not pay stops
+costing the proposer's time too.
 """
 from __future__ import annotations
 
@@ -241,14 +242,15 @@ class StepCostModel:
     of its top octave: optimism, so that a batch that never drafted at that size tries it
     and measures it. Below its smallest, ``V`` grows linearly from the plain step below it
     (optimism again: no fixed cost is assumed there, so that drafts shorter than any
-    verified so far are tried and measured). Groups not observed for ``stale_steps`` steps are left out, so a region is
-    measured again once the machine or the workload may have changed.
+    verified so far are tried and measured). Groups not observed for ``stale_steps`` steps
+    are left out, so a region is measured again once the machine or the workload may have
+    changed.
 
     Args:
         margin: factor (>= 1) by which a draft's expected return must exceed its measured
-            cost (:meth:`threshold`, :meth:`best_draft_tokens`); 1.0 = break-even. The estimates are
-            noisy and a wrong "draft" costs verification at once, so the default in the
-            engine is 1.5 (``adaptive_margin``).
+            cost (:meth:`threshold`, :meth:`best_draft_tokens`); 1.0 = break-even. The
+            estimates are noisy and a wrong "draft" costs verification at once, so the
+            default in the engine is 1.5 (``adaptive_margin``).
         buckets_per_octave: resolution of the curves in ``n`` (>= 1).
         smoothing: weight of a new step in its group's running mean, in (0, 1].
         min_samples: steps a group needs before it counts (>= 1).
@@ -349,8 +351,8 @@ class StepCostModel:
             return self._on_curve(verified, tokens)
         # below V's first knot n0 nothing says how V(n0)'s extra over a plain step splits
         # into a fixed cost and a cost per token: optimistically all per token, on the line
-        # from the plain step below n0, so that shorter drafts get tried and measured (on a
-        # 2-core CPU a batch-1 step of 9 tokens cost 1.67x a plain one, of 5 tokens 1.17x)
+        # from the plain step below n0, so that shorter drafts get tried and measured (in one
+        # CPU engine a batch-1 step of 9 tokens cost 1.67x a plain one, of 5 tokens 1.17x)
         n0, t0 = verified[0][0], verified[1][0]
         i = bisect.bisect_left(plain[0], n0) - 1
         p = self._on_curve(plain, tokens)
@@ -374,8 +376,8 @@ class StepCostModel:
         tokens per second without it). ``price`` is the mean time per token over the
         verified steps those drafts would make, ``(V(rows + D) - V(rows + 1)) / (D - 1)``:
         the fixed cost of verifying at all is not charged to every token but left to
-        :meth:`best_draft_tokens` (with ``D = 1`` the price is :meth:`draft_cost`). 0 (draft
-        everything) before the first measurement or without drafts.
+        :meth:`best_draft_tokens` (with ``D = 1`` the price is :meth:`draft_cost`). 0
+        (draft everything) before the first measurement or without drafts.
         """
         base = self.step_time(rows)
         if rows <= 0 or draft_tokens <= 0 or base <= 0.0:
