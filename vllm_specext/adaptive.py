@@ -20,13 +20,12 @@ already produces: throughput ``(rows + accepted) / T(rows + drafts)`` grows iff
 ``accepted · T(rows) > rows · (T(rows + drafts) - T(rows))``. Per token that is
 ``p_j > rows · price / T(rows)``, ``price`` being the time per draft token of a verified step
 (:meth:`StepCostModel.threshold`), so each request drafts
-``L = max{j <= k : p_j > threshold}`` tokens — zero when speculation does not pay. Of the
-tokens left, the step verifies the ``D`` most probable ones that maximize throughput
-(:meth:`StepCostModel.best_draft_tokens`): their expected accepted tokens must pay for the
-measured ``T(rows + D) - T(rows)``, else the step runs plain. A request whose drafts keep
-being withheld is drafted for only every few steps
-(:meth:`DraftLengthController.proposes`), so that speculation that does not pay stops
-costing the proposer's time too.
+``L = max{j <= k : p_j > threshold}`` tokens — zero when speculation does not pay. Then the
+batch as a whole drafts only if its expected accepted tokens pay for the measured
+``T(rows + D) - T(rows)`` of its ``D`` draft tokens (:meth:`StepCostModel.pays_off`);
+otherwise the step runs plain. A request whose drafts keep being withheld is drafted for
+only every few steps (:meth:`DraftLengthController.proposes`), so that speculation that does
+not pay stops costing the proposer's time too.
 """
 from __future__ import annotations
 
@@ -140,20 +139,11 @@ class DraftLengthController:
             out.append(draft[:n])
         return out
 
-    def emission_probs(self, req_id: str, length: int, kind: int = 0) -> list[float]:
-        """Probability that each token of a ``length``-token ``kind`` draft of ``req_id``
-        is emitted: ``alpha1 · alpha2**(j-1)`` for j in 1..length (non-increasing)."""
+    def expected_accepted(self, req_id: str, length: int, kind: int = 0) -> float:
+        """Expected accepted tokens of a ``length``-token ``kind`` draft of ``req_id``:
+        ``sum(alpha1 · alpha2**(j-1) for j in 1..length)``."""
         a1, a2 = self.acceptance(req_id, kind)
-        return [a1 * a2 ** j for j in range(length)]
-
-    def cut(self, req_ids: Sequence[str], drafts: Sequence[Sequence[int]],
-            lengths: Sequence[int]) -> list[list[int]]:
-        """Show only the first ``lengths[i]`` tokens of each draft from :meth:`trim` (the
-        full drafts stay as shadow drafts); returns those prefixes."""
-        for rid, n in zip(req_ids, lengths):
-            if rid in self._shown:
-                self._shown[rid] = min(self._shown[rid], n)
-        return [list(d[:n]) for d, n in zip(drafts, lengths)]
+        return a1 * (float(length) if a2 >= 1.0 else (1.0 - a2 ** length) / (1.0 - a2))
 
     def withhold(self, req_ids: Sequence[str]) -> list[list[int]]:
         """Show no draft this step (the full drafts from :meth:`trim` stay as shadow
@@ -240,17 +230,15 @@ class StepCostModel:
 
     Beyond a curve's largest token count it is extrapolated with ``explore`` x the slope
     of its top octave: optimism, so that a batch that never drafted at that size tries it
-    and measures it. Below its smallest, ``V`` grows linearly from the plain step below it
-    (optimism again: no fixed cost is assumed there, so that drafts shorter than any
-    verified so far are tried and measured). Groups not observed for ``stale_steps`` steps
-    are left out, so a region is measured again once the machine or the workload may have
-    changed.
+    and measures it. Below its smallest, ``V`` follows ``P`` plus the fixed cost measured
+    there. Groups not observed for ``stale_steps`` steps are left out, so a region is
+    measured again once the machine or the workload may have changed.
 
     Args:
         margin: factor (>= 1) by which a draft's expected return must exceed its measured
-            cost (:meth:`threshold`, :meth:`best_draft_tokens`); 1.0 = break-even. The
-            estimates are noisy and a wrong "draft" costs verification at once, so the
-            default in the engine is 1.5 (``adaptive_margin``).
+            cost (:meth:`threshold`, :meth:`pays_off`); 1.0 = break-even. The estimates are
+            noisy and a wrong "draft" costs verification at once, so the default in the
+            engine is 1.5 (``adaptive_margin``).
         buckets_per_octave: resolution of the curves in ``n`` (>= 1).
         smoothing: weight of a new step in its group's running mean, in (0, 1].
         min_samples: steps a group needs before it counts (>= 1).
@@ -349,18 +337,9 @@ class StepCostModel:
             return min(t, self._on_curve(verified, tokens)) if measured else t
         if tokens >= verified[0][0] or not plain[0]:
             return self._on_curve(verified, tokens)
-        # below V's first knot n0 nothing says how V(n0)'s extra over a plain step splits
-        # into a fixed cost and a cost per token: optimistically all per token, on the line
-        # from the plain step below n0, so that shorter drafts get tried and measured (in one
-        # CPU engine a batch-1 step of 9 tokens cost 1.67x a plain one, of 5 tokens 1.17x)
-        n0, t0 = verified[0][0], verified[1][0]
-        i = bisect.bisect_left(plain[0], n0) - 1
-        p = self._on_curve(plain, tokens)
-        if i < 0:  # no plain step below n0: P + the fixed cost measured at n0
-            return min(t0, p + max(0.0, t0 - self._on_curve(plain, n0)))
-        a, ta = plain[0][i], plain[1][i]
-        line = ta + (t0 - ta) * max(0.0, tokens - a) / (n0 - a)
-        return min(t0, max(p, line))
+        n0, t0 = verified[0][0], verified[1][0]  # below V's first knot: P + fixed cost
+        fixed = max(0.0, t0 - self._on_curve(plain, n0))
+        return min(t0, self._on_curve(plain, tokens) + fixed)
 
     def draft_cost(self, rows: int, draft_tokens: int) -> float:
         """Seconds that ``draft_tokens`` draft tokens add to a step of ``rows`` decoding
@@ -376,8 +355,8 @@ class StepCostModel:
         tokens per second without it). ``price`` is the mean time per token over the
         verified steps those drafts would make, ``(V(rows + D) - V(rows + 1)) / (D - 1)``:
         the fixed cost of verifying at all is not charged to every token but left to
-        :meth:`best_draft_tokens` (with ``D = 1`` the price is :meth:`draft_cost`). 0
-        (draft everything) before the first measurement or without drafts.
+        :meth:`pays_off` (with ``D = 1`` the price is :meth:`draft_cost`). 0 (draft
+        everything) before the first measurement or without drafts.
         """
         base = self.step_time(rows)
         if rows <= 0 or draft_tokens <= 0 or base <= 0.0:
@@ -389,46 +368,22 @@ class StepCostModel:
                         - self.step_time(rows + 1, True)) / (draft_tokens - 1)
         return self.margin * rows * price / base
 
-    def best_draft_tokens(self, rows: int, probs: Sequence[float]) -> int:
-        """How many of the draft tokens on offer to verify this step: the ``D`` that
-        maximizes throughput ``(rows + E(D) / margin) / V(rows + D)``, ``E(D)`` being the
-        sum of the ``D`` largest emission probabilities, against ``rows / P(rows)`` for a
-        plain step (``D = 0``). ``D > 0`` thus needs ``E · P(rows) > margin · rows ·
-        (V(rows + D) - P(rows))``: the expected tokens pay for the verified step's measured
-        time, its fixed cost included. Taking the most probable tokens first keeps each
-        request's draft a prefix (its probabilities fall with depth). A step-shaped cost
-        (e.g. 5 and 9 tokens costing 1.17x and 1.67x a plain batch-1 step) is found, where a
-        per-token price would spread it over every token.
+    def pays_off(self, rows: int, expected_accepted: float, draft_tokens: int) -> bool:
+        """Whether drafting this step raises throughput by the margin: ``(rows + E) /
+        V(rows + D) > rows / P(rows)``, i.e. ``E · P(rows) > rows · (V(rows + D) -
+        P(rows))``, with the right-hand side times ``margin``.
 
         Args:
             rows: requests decoding this step.
-            probs: emission probability of each draft token on offer, descending.
-
-        Returns:
-            ``D`` in ``0 .. len(probs)``; all of them before the first measurement.
+            expected_accepted: ``E``, expected accepted draft tokens over the batch.
+            draft_tokens: ``D``, draft tokens that would be verified.
         """
-        if not probs:
-            return 0
+        if draft_tokens <= 0:
+            return False
         if not self.fitted:
-            return len(probs)
-        best, best_rate = 0, rows / self.step_time(rows)
-        expected, done = 0.0, 0
-        for d in _candidate_counts(len(probs)):
-            expected += sum(probs[done:d])
-            done = d
-            rate = (rows + expected / self.margin) / self.step_time(rows + d, True)
-            if rate > best_rate:
-                best, best_rate = d, rate
-        return best
-
-
-def _candidate_counts(total: int) -> list[int]:
-    """Draft-token counts :meth:`StepCostModel.best_draft_tokens` evaluates: every count up
-    to 16, then 4 per doubling (a step-time group's resolution), and ``total``."""
-    counts = list(range(1, min(total, 16) + 1))
-    while counts[-1] < total:
-        counts.append(min(total, max(counts[-1] + 1, int(counts[-1] * 2 ** 0.25))))
-    return counts
+            return True
+        return (expected_accepted * self.step_time(rows)
+                > self.margin * rows * self.draft_cost(rows, draft_tokens))
 
 
 class _StepGroup:

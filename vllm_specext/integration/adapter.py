@@ -236,16 +236,11 @@ class SpecExtProposer:
                 return self.controller.trim(req_ids, drafts, self.fixed_threshold, kinds)
             threshold = self.cost_model.threshold(rows, sum(map(len, drafts)))
             drafts = self.controller.trim(req_ids, drafts, threshold, kinds)
-            offer = sorted(((p, i) for i, (rid, d, kind) in enumerate(zip(req_ids, drafts, kinds))
-                            for p in self.controller.emission_probs(rid, len(d), kind)),
-                           reverse=True)
-            count = self.cost_model.best_draft_tokens(rows, [p for p, _ in offer])
-            if count == 0:
-                return self.controller.withhold(req_ids)
-            lengths = [0] * num_rows
-            for _, i in offer[:count]:
-                lengths[i] += 1
-            return self.controller.cut(req_ids, drafts, lengths)
+            expected = sum(self.controller.expected_accepted(rid, len(d), kind)
+                           for rid, d, kind in zip(req_ids, drafts, kinds) if d)
+            if self.cost_model.pays_off(rows, expected, sum(map(len, drafts))):
+                return drafts
+            return self.controller.withhold(req_ids)
         except Exception as err:  # never take the engine down: no drafts this step
             self.num_errors += 1
             record_proposer_error()
