@@ -75,7 +75,9 @@ async def soak(base: str, bodies: list[dict], clients: int, duration: float,
     names, weights = zip(*MODES)
     records: list[dict] = []
     tmo = aiohttp.ClientTimeout(total=request_timeout)
-    conn = aiohttp.TCPConnector(limit=clients + 4)
+    # A new connection per request: reusing a pooled one races the server's keep-alive
+    # close (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s) into a client-side ServerDisconnectedError.
+    conn = aiohttp.TCPConnector(limit=clients + 4, force_close=True)
     async with aiohttp.ClientSession(timeout=tmo, connector=conn) as session:
         async def client(cid: int) -> None:
             rng = random.Random(seed * 100_003 + cid)
@@ -88,7 +90,9 @@ async def soak(base: str, bodies: list[dict], clients: int, duration: float,
                                            abort_after=rng.randint(1, 5)
                                            if mode == "abort" else None))
                 except Exception as err:  # noqa: BLE001 - every failure is a finding
-                    rec.update(status=0, error=f"{type(err).__name__}: {err}")
+                    rec.update(status=0, text="", token_ids=[], finish_reason=None,
+                               aborted=False, latency_s=None,
+                               error=f"{type(err).__name__}: {err!r}")
                 records.append(rec)
 
         await asyncio.gather(*(client(c) for c in range(clients)))
