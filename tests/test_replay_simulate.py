@@ -5,7 +5,10 @@ import pytest
 
 from vllm_specext.proposers import build_proposer
 from vllm_specext.proposers.base import Proposer
-from vllm_specext.replay.simulate import CostModel, Request, replay, summarize
+import numpy as np
+
+from vllm_specext.replay.oracle import oracle_steps
+from vllm_specext.replay.simulate import CostModel, Request, accept_lengths, replay, summarize
 
 
 class ScriptedProposer(Proposer):
@@ -150,3 +153,38 @@ def test_tree_draft_accepts_longest_matching_path():
 def test_tree_budget_needs_propose_tree():
     with pytest.raises(TypeError, match="propose_tree"):
         replay([REQ], lambda: ScriptedProposer(4, SCRIPT), k=4, tree_budget=8)
+
+
+def test_accept_lengths_probe_every_position():
+    made: list[ScriptedProposer] = []
+
+    def factory():
+        made.append(ScriptedProposer(4, SCRIPT))
+        return made[-1]
+
+    (lengths,) = accept_lengths([REQ], factory, k=4)
+    # context length 1 + g; drafts at 1, 5, 10 (see SCRIPT), none elsewhere
+    assert lengths.tolist() == [2, 0, 0, 0, 4, 0, 0, 0, 0, 1]
+    assert made[0].updates == [[t] for t in range(1, 11)]
+    # a draftless step emits the bonus only: the scripted replay's 4 steps, recovered
+    assert oracle_steps(lengths, 0, len(REQ.output), 4) == 4
+
+
+def test_accept_lengths_rejects_a_draft_longer_than_k():
+    with pytest.raises(RuntimeError, match="k=2"):
+        accept_lengths([REQ], lambda: ScriptedProposer(2, SCRIPT), k=2)
+
+
+def test_accept_lengths_of_a_context_only_proposer_give_its_replay_steps():
+    """The ngram proposer's draft depends only on the context, so the selection oracle
+    over it alone takes exactly the steps of its replay."""
+    rng = np.random.default_rng(0)
+    reqs = [Request(f"r{i}", "c", rng.integers(0, 6, 40).tolist(),
+                    rng.integers(0, 6, 60).tolist()) for i in range(4)]
+
+    def make():
+        return build_proposer("ngram", num_speculative_tokens=4)
+
+    steps = [r.steps for r in replay(reqs, make, k=4)]
+    probed = accept_lengths(reqs, make, k=4)
+    assert [oracle_steps(a, 0, len(r.output), 4) for a, r in zip(probed, reqs)] == steps

@@ -152,6 +152,50 @@ def replay(requests: Sequence[Request], make_proposer: Callable[[], Proposer], k
     return results
 
 
+
+def accept_lengths(requests: Sequence[Request], make_proposer: Callable[[], Proposer],
+                   k: int) -> list[np.ndarray]:
+    """The accepted length of a draft at *every* output position (the input of the
+    per-step selection oracle in ``benchmarks/selection_bound.py``).
+
+    One proposer (from ``make_proposer``, state kept across requests in order, as in
+    :func:`replay`) is asked for a draft at output position ``g`` of each request, with
+    context prompt + ``output[:g]``, and then given the single true token ``output[g]``:
+    every position is probed, so the proposer sees one-token steps (its per-step
+    statistics see more, shorter steps than in :func:`replay`).
+
+    Args:
+        requests: tokenized requests in arrival order.
+        make_proposer: builds the proposer (``num_speculative_tokens == k``).
+        k: the draft cap.
+
+    Returns:
+        Per request, int32 ``(len(output),)``: at ``g`` the length of the longest prefix
+        of the draft equal to ``output[g:]``, in ``[0, min(k, len(output) - g)]``.
+
+    Raises:
+        RuntimeError: the proposer drafted more than ``k`` tokens.
+    """
+    p = make_proposer()
+    out: list[np.ndarray] = []
+    for req in requests:
+        truth = list(req.output)
+        p.start_request(req.key, req.prompt)
+        lengths = np.zeros(len(truth), dtype=np.int32)
+        for g in range(len(truth)):
+            draft = p.propose([req.key])[0]
+            if len(draft) > k:
+                raise RuntimeError(f"{type(p).__name__} drafted {len(draft)} > k={k} tokens")
+            a, lim = 0, min(len(draft), len(truth) - g)
+            while a < lim and draft[a] == truth[g + a]:
+                a += 1
+            lengths[g] = a
+            p.update(req.key, truth[g:g + 1])
+        p.stop_request(req.key, finished=True)
+        out.append(lengths)
+    return out
+
+
 def _tree_accept(tokens: list[int], parents: list[int], truth: Sequence[int], pos: int) -> int:
     """Length of the longest root path of a draft tree that matches ``truth[pos:]``.
 
