@@ -2,7 +2,10 @@
 
 Each file of ``shared/traces`` is replayed in file order with cross-request state kept,
 teacher-forced (draft, accept the longest prefix equal to the recorded output, plus one
-bonus token; :func:`vllm_specext.replay.simulate.replay`), at k = 8 and 16:
+bonus token; :func:`vllm_specext.replay.simulate.replay`), at k = 8 and 16. The chain
+modes run in lockstep, each request through every mode before the next
+(:func:`~vllm_specext.replay.simulate.replay_interleaved`), so their step times share
+the machine's load:
 
 * ``ours``: :class:`MemoryDecodingProposer` single-branch draft (the engine's draft);
 * ``ours_dynamic``: the same with ``dynamic_algo`` (wasted = drafted - accepted);
@@ -49,7 +52,7 @@ from vllm_specext.proposers.base import Proposer
 from vllm_specext.proposers.memory_decoding import MemoryDecodingProposer
 from vllm_specext.proposers.naive import NaiveProposer
 from vllm_specext.replay.runner import load_streams
-from vllm_specext.replay.simulate import Request, replay
+from vllm_specext.replay.simulate import Request, replay_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -241,33 +244,40 @@ def run_file(path: Path, pia_cls, limit, ks, budget, cache, modes) -> dict:
     by_name = {t.name: t for t in cache.values()}
     res: dict = {"requests": sum(len(s.requests) for s in streams),
                  "tokenizers": [s.tokenizer for s in streams]}
+    chain_modes = [m for m in modes if not m.endswith("_tree")]
     for k in ks:
         row: dict = {}
-        for mode in modes:
-            results, tree_steps, tree_tokens, tree_us = [], 0, 0, []
-            lifecycle = [0, 0]
+        results: dict[str, list] = {m: [] for m in chain_modes}
+        lifecycle = {m: [0, 0] for m in chain_modes}
+        for s in streams:
+            stop = pia_stop_words(by_name[s.tokenizer])
+            sinks = {m: [0, 0] for m in chain_modes}  # the replaying proposer's (made last)
+
+            def timed_make(mode, sinks=sinks, stop=stop):
+                make = _maker(mode, k, pia_cls, stop)
+
+                def made():
+                    sinks[mode] = [0, 0]
+                    return timed_lifecycle(make(), sinks[mode])
+                return made
+
+            for m, r in replay_interleaved(s.requests, {m: timed_make(m) for m in chain_modes},
+                                           k).items():
+                results[m] += r
+                lifecycle[m] = [a + b for a, b in zip(lifecycle[m], sinks[m])]
+        for m in chain_modes:
+            row[m] = summarize(results[m], lifecycle[m])
+        for mode in (m for m in modes if m.endswith("_tree")):
+            tree_steps, tree_tokens, tree_us = 0, 0, []
             for s in streams:
                 make = _maker(mode, k, pia_cls, pia_stop_words(by_name[s.tokenizer]))
-                if mode.endswith("_tree"):
-                    tokens, us = replay_tree(s.requests, make, k, budget)
-                    tree_steps += len(us)
-                    tree_tokens += tokens
-                    tree_us += us
-                else:
-                    sinks: list[list[int]] = []  # one per proposer made; the last replays
-
-                    def timed_make(make=make, sinks=sinks):
-                        sinks.append([0, 0])
-                        return timed_lifecycle(make(), sinks[-1])
-
-                    results += replay(s.requests, timed_make, k)
-                    lifecycle = [a + b for a, b in zip(lifecycle, sinks[-1])]
-            if mode.endswith("_tree"):
-                row[mode] = {"tau": tree_tokens / max(tree_steps, 1), "budget": budget,
-                             "max_depth": k, "us_median": float(np.median(tree_us)),
-                             "us_p99": float(np.percentile(tree_us, 99))}
-            else:
-                row[mode] = summarize(results, lifecycle)
+                tokens, us = replay_tree(s.requests, make, k, budget)
+                tree_steps += len(us)
+                tree_tokens += tokens
+                tree_us += us
+            row[mode] = {"tau": tree_tokens / max(tree_steps, 1), "budget": budget,
+                         "max_depth": k, "us_median": float(np.median(tree_us)),
+                         "us_p99": float(np.percentile(tree_us, 99))}
         if "ours" in row and "pia" in row:
             row["tau_ratio_vs_pia"] = row["ours"]["tau"] / row["pia"]["tau"]
             row["speedup_vs_pia_median"] = row["pia"]["us_median"] / row["ours"]["us_median"]

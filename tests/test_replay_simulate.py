@@ -8,7 +8,8 @@ from vllm_specext.proposers.base import Proposer
 import numpy as np
 
 from vllm_specext.replay.oracle import oracle_steps
-from vllm_specext.replay.simulate import CostModel, Request, accept_lengths, replay, summarize
+from vllm_specext.replay.simulate import (CostModel, Request, accept_lengths, replay,
+                                          replay_interleaved, summarize)
 
 
 class ScriptedProposer(Proposer):
@@ -188,3 +189,16 @@ def test_accept_lengths_of_a_context_only_proposer_give_its_replay_steps():
     steps = [r.steps for r in replay(reqs, make, k=4)]
     probed = accept_lengths(reqs, make, k=4)
     assert [oracle_steps(a, 0, len(r.output), 4) for a, r in zip(probed, reqs)] == steps
+
+
+def test_interleaved_replay_matches_separate_replays():
+    rng = np.random.default_rng(1)
+    reqs = [Request(f"r{i}", "c", rng.integers(0, 5, 30).tolist(),
+                    rng.integers(0, 5, 40).tolist()) for i in range(5)]
+    makers = {m: (lambda m=m: build_proposer(m, num_speculative_tokens=4))
+              for m in ("ngram", "suffix", "memory_decoding")}
+    both = replay_interleaved(reqs, makers, k=4)
+    for m, make in makers.items():
+        alone = replay(reqs, make, k=4)
+        assert [(r.steps, r.drafted, r.accepted) for r in both[m]] == \
+            [(r.steps, r.drafted, r.accepted) for r in alone]

@@ -98,59 +98,95 @@ def replay(requests: Sequence[Request], make_proposer: Callable[[], Proposer], k
             deeper path than ``k`` (a tree).
         TypeError: ``tree_budget > 0`` for a proposer without ``propose_tree``.
     """
-    clock = time.perf_counter_ns
     if requests:
         _warm_up(make_proposer(), requests[0], tree_budget)
     results: list[RequestResult] = []
     proposer = None if cold else make_proposer()
     for req in requests:
-        p = make_proposer() if cold else proposer
-        rid, truth = req.key, list(req.output)
-        n_out, n_prompt = len(truth), len(req.prompt)
-        p.start_request(rid, req.prompt)
-        hist = np.zeros(k + 1, dtype=np.int64)
-        step_ns: list[int] = []
-        ctx: list[int] = []
-        pos = drafted_steps = drafted = accepted = 0
-        while pos < n_out:
-            t0 = clock()
-            if tree_budget:
-                tokens, parents = p.propose_tree(rid, budget=tree_budget)
-                t1 = clock()
-                nd = len(tokens)
-                a = _tree_accept(tokens.tolist(), parents.tolist(), truth, pos)
-            else:
-                draft = p.propose([rid])[0]
-                t1 = clock()
-                nd = len(draft)
-                a, lim = 0, min(nd, n_out - pos)
-                while a < lim and draft[a] == truth[pos + a]:
-                    a += 1
-            depth = a if tree_budget else nd
-            if depth > k:
-                raise RuntimeError(f"{type(p).__name__} drafted {depth} > k={k} tokens in a row")
-            emit = a + 1 if pos + a < n_out else a
-            t2 = clock()
-            p.update(rid, truth[pos: pos + emit])
-            step_ns.append(t1 - t0 + clock() - t2)
-            ctx.append(n_prompt + pos)
-            if nd:
-                drafted_steps += 1
-                drafted += nd
-                accepted += a
-                hist[a] += 1
-            pos += emit
-        state = p.state_nbytes()
-        p.stop_request(rid, finished=True)
-        results.append(RequestResult(
-            key=rid, category=req.category, output_tokens=n_out, steps=len(step_ns),
-            drafted_steps=drafted_steps, drafted=drafted, accepted=accepted, accept_hist=hist,
-            step_us=np.asarray(step_ns, dtype=np.float64) / 1e3,
-            ctx_len=np.asarray(ctx, dtype=np.int64), state_bytes=state))
+        results.append(_replay_request(make_proposer() if cold else proposer, req, k,
+                                       tree_budget))
         if on_request is not None:
             on_request()
     return results
 
+
+def replay_interleaved(requests: Sequence[Request],
+                       makers: dict[str, Callable[[], Proposer]],
+                       k: int) -> dict[str, list[RequestResult]]:
+    """:func:`replay` of several proposers in lockstep: each request goes through every
+    proposer (one each, built once, state kept across requests, after a throwaway
+    warm-up each) before the next request starts, so that their step times are taken
+    under the same machine load (on a shared VM the load drifts within seconds; whole
+    replays one after the other differed by 2x in the no-draft floor).
+
+    Args:
+        requests: tokenized requests in arrival order.
+        makers: name -> factory of a proposer with ``num_speculative_tokens == k``.
+        k: the draft cap (chain drafts).
+
+    Returns:
+        name -> one :class:`RequestResult` per request, in order.
+
+    Raises:
+        RuntimeError: a proposer drafted more than ``k`` tokens.
+    """
+    if requests:
+        for make in makers.values():
+            _warm_up(make(), requests[0], 0)
+    proposers = {name: make() for name, make in makers.items()}
+    results: dict[str, list[RequestResult]] = {name: [] for name in makers}
+    for req in requests:
+        for name, p in proposers.items():
+            results[name].append(_replay_request(p, req, k))
+    return results
+
+
+def _replay_request(p: Proposer, req: Request, k: int, tree_budget: int = 0) -> RequestResult:
+    """One request of :func:`replay` through proposer ``p`` (started, stepped to the end
+    of the recorded output, stopped as finished); ``p`` keeps its cross-request state."""
+    clock = time.perf_counter_ns
+    rid, truth = req.key, list(req.output)
+    n_out, n_prompt = len(truth), len(req.prompt)
+    p.start_request(rid, req.prompt)
+    hist = np.zeros(k + 1, dtype=np.int64)
+    step_ns: list[int] = []
+    ctx: list[int] = []
+    pos = drafted_steps = drafted = accepted = 0
+    while pos < n_out:
+        t0 = clock()
+        if tree_budget:
+            tokens, parents = p.propose_tree(rid, budget=tree_budget)
+            t1 = clock()
+            nd = len(tokens)
+            a = _tree_accept(tokens.tolist(), parents.tolist(), truth, pos)
+        else:
+            draft = p.propose([rid])[0]
+            t1 = clock()
+            nd = len(draft)
+            a, lim = 0, min(nd, n_out - pos)
+            while a < lim and draft[a] == truth[pos + a]:
+                a += 1
+        depth = a if tree_budget else nd
+        if depth > k:
+            raise RuntimeError(f"{type(p).__name__} drafted {depth} > k={k} tokens in a row")
+        emit = a + 1 if pos + a < n_out else a
+        t2 = clock()
+        p.update(rid, truth[pos: pos + emit])
+        step_ns.append(t1 - t0 + clock() - t2)
+        ctx.append(n_prompt + pos)
+        if nd:
+            drafted_steps += 1
+            drafted += nd
+            accepted += a
+            hist[a] += 1
+        pos += emit
+    state = p.state_nbytes()
+    p.stop_request(rid, finished=True)
+    return RequestResult(
+        key=rid, category=req.category, output_tokens=n_out, steps=len(step_ns),
+        drafted_steps=drafted_steps, drafted=drafted, accepted=accepted, accept_hist=hist,
+        step_us=np.asarray(step_ns, dtype=np.float64) / 1e3,
+        ctx_len=np.asarray(ctx, dtype=np.int64), state_bytes=state)
 
 
 def accept_lengths(requests: Sequence[Request], make_proposer: Callable[[], Proposer],
