@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 from memory_vs_pia import SHARED, TOKENIZER_RULES, PiaProposer, load_pia, pia_stop_words
+from suffix_vs_arctic import VLLM_DEFAULTS, ArcticProposer
 
 from vllm_specext.proposers import build_proposer
 from vllm_specext.replay.oracle import oracle_steps
@@ -55,8 +56,6 @@ def makers(methods: list[str], k: int, pia_cls, stop_words: set[int], arctic: bo
     if pia_cls is not None:
         out["pia"] = lambda: PiaProposer(k, pia_cls, stop_words)
     if arctic:
-        from suffix_vs_arctic import VLLM_DEFAULTS, ArcticProposer
-
         out["arctic"] = lambda: ArcticProposer(k, **VLLM_DEFAULTS)
     return out
 

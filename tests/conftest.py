@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 import warnings
 from pathlib import Path
 
@@ -9,7 +10,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+BENCH = REPO / "benchmarks"
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` imported as a module (the benchmarks are scripts, not a
+    package): the folder is on ``sys.path`` while it loads, for its sibling imports."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
 
 
 def pytest_configure(config):

@@ -2,25 +2,13 @@
 the pairing of each configuration with its own group's ``none``."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def e2e():
-    sys.path.insert(0, str(BENCH))  # e2e.py imports its sibling workloads.py
-    try:
-        spec = importlib.util.spec_from_file_location("bench_e2e", BENCH / "e2e.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH))
+    return load_benchmark("e2e")
 
 
 def test_groups_hold_none_and_every_configuration_once(e2e):

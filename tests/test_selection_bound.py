@@ -2,29 +2,16 @@
 by hand, and a short run on a real trace (our two methods, 6 requests)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from conftest import SHARED, load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bound():
-    sys.path.insert(0, str(BENCH))  # it imports its sibling memory_vs_pia.py
-    try:
-        spec = importlib.util.spec_from_file_location("bench_selection_bound",
-                                                      BENCH / "selection_bound.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH))
+    return load_benchmark("selection_bound")
 
 
 def test_union_takes_the_longer_draft_each_step(bound):

@@ -10,29 +10,19 @@ answer is still right, the error is logged once with the request id and
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from conftest import load_benchmark
 from engine_helpers import run_job
 from serve_helpers import Server, chat, metrics, wait_idle_state
 
 pytestmark = pytest.mark.engine
 
-SOAK_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
 CLIENTS, DURATION = 16, 40
 FAULT = "inject-fault"
 SPEC = {"method": "suffix", "num_speculative_tokens": 8}
 
 
-def _soak_module():
-    spec = importlib.util.spec_from_file_location("bench_soak", SOAK_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _soak_module()
+soak = load_benchmark("soak")
 BODIES = soak.pool_bodies()
 
 

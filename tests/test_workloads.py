@@ -2,18 +2,15 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
-from pathlib import Path
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads.py"
+from conftest import BENCH, load_benchmark
+
+PATH = BENCH / "workloads.py"
 NAMES = ["code_editing", "summarization", "extraction", "open_chat", "code_generation"]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_workloads", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.WORKLOADS
+    return load_benchmark("workloads").WORKLOADS
 
 
 def test_five_workloads_of_32_distinct_chats():
