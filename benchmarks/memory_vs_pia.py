@@ -64,9 +64,28 @@ TOKENIZER_RULES = [
     f"qwen={TOK / 'qwen' / 'qwen.tiktoken'}",
     f"{TOK / 'cl100k' / 'cl100k_base.tiktoken'}",
 ]
+ALL_MODES = ["naive", "ours", "ours_dynamic", "pia", "ours_tree", "pia_tree"]
 PIA_DECODING_LENGTH = 64
 PIA_BRANCH_LENGTH = 12
 PIA_QUERY = 2
+
+
+def trace_files(ap: argparse.ArgumentParser, traces: str, names: list[str] | None
+                ) -> list[Path]:
+    """The ``*.jsonl`` files of directory ``traces`` (those named in ``names`` if given);
+    an argparse error if ``traces`` is not a directory or nothing matches."""
+    if not Path(traces).is_dir():
+        ap.error(f"--traces {traces}: not a directory of *.jsonl trace files")
+    files = sorted(Path(traces).glob("*.jsonl"))
+    if names:
+        missing = sorted(set(names) - {f.name for f in files})
+        if missing:
+            ap.error(f"--files: not in {traces}: {', '.join(missing)} "
+                     f"(there: {', '.join(f.name for f in files)})")
+        files = [f for f in files if f.name in names]
+    if not files:
+        ap.error(f"--traces {traces}: no *.jsonl files")
+    return files
 
 
 def load_pia(path: str):
@@ -317,20 +336,26 @@ def memory_use(streams, k: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pia", help="path of PIA's lookahead_cache.py (outside this repo)")
-    ap.add_argument("--traces", default=str(SHARED / "traces"))
-    ap.add_argument("--files", nargs="*", help="trace file names (default: all)")
-    ap.add_argument("--limit", type=int, default=None, help="requests per file")
-    ap.add_argument("--k", type=int, nargs="*", default=[8, 16])
-    ap.add_argument("--tree-budget", type=int, default=PIA_DECODING_LENGTH)
-    ap.add_argument("--modes", nargs="*",
-                    default=["naive", "ours", "ours_dynamic", "pia", "ours_tree", "pia_tree"])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory_vs_pia.json"))
+    ap.add_argument("--traces", default=str(SHARED / "traces"),
+                    help="directory of *.jsonl traces (default: ../shared/traces)")
+    ap.add_argument("--files", nargs="*", help="trace file names in --traces (default: all)")
+    ap.add_argument("--limit", type=int, default=None, help="requests per file (default: all)")
+    ap.add_argument("--k", type=int, nargs="*", default=[8, 16],
+                    help="draft caps (default: 8 16)")
+    ap.add_argument("--tree-budget", type=int, default=PIA_DECODING_LENGTH,
+                    help=f"tree draft nodes (default: {PIA_DECODING_LENGTH})")
+    ap.add_argument("--modes", nargs="*", choices=ALL_MODES,
+                    help="default: all, the pia ones only with --pia")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory_vs_pia.json"),
+                    help="JSON report (default: benchmarks/results/memory_vs_pia.json)")
     args = ap.parse_args()
+    files = trace_files(ap, args.traces, args.files)
+    if args.pia and not Path(args.pia).is_file():
+        ap.error(f"--pia {args.pia}: no such file")
+    if args.modes and not args.pia and any(m.startswith("pia") for m in args.modes):
+        ap.error("modes pia / pia_tree need --pia (PIA's lookahead_cache.py)")
     pia_cls = load_pia(args.pia) if args.pia else None
-    modes = [m for m in args.modes if pia_cls is not None or not m.startswith("pia")]
-    files = sorted(Path(args.traces).glob("*.jsonl"))
-    if args.files:
-        files = [f for f in files if f.name in args.files]
+    modes = args.modes or [m for m in ALL_MODES if args.pia or not m.startswith("pia")]
     cache: dict = {}
     report = {"machine": platform.processor() or platform.machine(), "limit": args.limit,
               "ks": args.k, "modes": modes, "pia": {"decoding_length": PIA_DECODING_LENGTH,

@@ -39,9 +39,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from memory_vs_pia import SHARED, TOKENIZER_RULES, PiaProposer, load_pia, pia_stop_words
+from memory_vs_pia import (SHARED, TOKENIZER_RULES, PiaProposer, load_pia, pia_stop_words,
+                           trace_files)
 from suffix_vs_arctic import VLLM_DEFAULTS, ArcticProposer
 
+from vllm_specext.config import SpecExtConfigError
 from vllm_specext.proposers import build_proposer
 from vllm_specext.replay.oracle import oracle_steps
 from vllm_specext.replay.runner import load_streams
@@ -126,22 +128,30 @@ def plot(report: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--traces", default=str(SHARED / "traces"))
-    ap.add_argument("--files", nargs="*", help="trace file names (default: all)")
-    ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--limit", type=int, default=None, help="requests per file")
+    ap.add_argument("--traces", default=str(SHARED / "traces"),
+                    help="directory of *.jsonl traces (default: ../shared/traces)")
+    ap.add_argument("--files", nargs="*", help="trace file names in --traces (default: all)")
+    ap.add_argument("--k", type=int, default=8, help="draft cap (default: 8)")
+    ap.add_argument("--limit", type=int, default=None, help="requests per file (default: all)")
     ap.add_argument("--methods", default="memory_decoding,suffix",
-                    help="our methods, comma-separated (default params)")
+                    help="our methods, comma-separated, at their default parameters "
+                    "(default: memory_decoding,suffix)")
     ap.add_argument("--pia", help="path of PIA's lookahead_cache.py (outside this repo)")
     ap.add_argument("--arctic", action="store_true",
                     help="add ArcticInference's suffix cache at vLLM's defaults")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "selection_bound.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "selection_bound.json"),
+                    help="JSON report (default: benchmarks/results/selection_bound.json)")
     args = ap.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
+    for m in methods:
+        try:
+            build_proposer(m, num_speculative_tokens=args.k)
+        except SpecExtConfigError as err:
+            ap.error(f"--methods: {err}")
+    if args.pia and not Path(args.pia).is_file():
+        ap.error(f"--pia {args.pia}: no such file")
+    files = trace_files(ap, args.traces, args.files)
     pia_cls = load_pia(args.pia) if args.pia else None
-    files = sorted(Path(args.traces).glob("*.jsonl"))
-    if args.files:
-        files = [f for f in files if f.name in args.files]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {"k": args.k, "limit": args.limit, "methods": methods, "pia": bool(pia_cls), "arctic": args.arctic,

@@ -18,6 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from vllm_specext.integration.metrics import ENV as metrics_env
+
 MODEL_NAME = "smollm2"  # --served-model-name
 
 
@@ -49,7 +51,7 @@ class Server:
                     "--port", str(self.port), "--dtype", "float32", "--enforce-eager",
                     "--max-model-len", str(max_model_len), "--served-model-name", MODEL_NAME,
                     *(["--speculative-config", json.dumps(spec)] if spec else []), *args]
-        inherited = {k: v for k, v in os.environ.items() if k != "VLLM_SPECEXT_METRICS_DIR"}
+        inherited = {k: v for k, v in os.environ.items() if k != metrics_env}
         self.env = {**inherited, **(env or {})}  # a fresh proposer-error counter
         self.proc: subprocess.Popen | None = None
 

@@ -55,6 +55,29 @@ def test_range_is_stated():
         validate_config({"method": "ngram", "num_speculative_tokens": 0})
 
 
+def test_open_bounds_are_stated():
+    with pytest.raises(SpecExtConfigError, match=r"allowed: float in \(0\.0, 1\.0\)"):
+        validate_config({"method": "ngram", "adaptive_decay": 1.0})
+    with pytest.raises(SpecExtConfigError, match=r"allowed: float in \(0\.0, 1\.0\]"):
+        validate_config({"method": "ngram", "verify_top_p": 0})
+
+
+@pytest.mark.parametrize("typo,meant", [("memory-decoding", "memory_decoding"),
+                                        ("lookahed", "lookahead"), ("Suffix", "suffix")])
+def test_mistyped_method_suggests_ours(typo, meant):
+    for check in (validate_config, normalise):  # normalise: before vLLM's own method list
+        with pytest.raises(SpecExtConfigError, match=f"did you mean '{meant}'"):
+            check({"method": typo})
+
+
+def test_memory_decoding_lengths_from_a_numeric_string_and_errors_on_the_given_key():
+    cfg = validate_config({"method": "memory_decoding", "num_speculative_tokens": "4"})
+    assert (cfg.num_speculative_tokens, cfg.decoding_length) == (4, 4)
+    with pytest.raises(SpecExtConfigError) as err:
+        validate_config({"method": "memory_decoding", "decoding_length": 0})
+    assert "decoding_length" in str(err.value) and "num_speculative_tokens" not in str(err.value)
+
+
 def test_not_a_dict():
     with pytest.raises(SpecExtConfigError, match="dict"):
         validate_config(["ngram"])  # type: ignore[arg-type]

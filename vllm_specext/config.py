@@ -8,6 +8,7 @@ allowed values, at config time.
 """
 from __future__ import annotations
 
+import difflib
 import logging
 import typing
 from typing import Any, ClassVar, Literal
@@ -175,12 +176,12 @@ class MemoryDecodingConfig(MethodConfig):
         if not isinstance(data, dict):
             return data
         k, dl = data.get("num_speculative_tokens"), data.get("decoding_length")
-        if k is None and dl is not None:
-            data = {**data, "num_speculative_tokens": dl}
-        elif k is None:
-            data = {**data, "num_speculative_tokens": 16}
-        elif dl is None and isinstance(k, int) and not isinstance(k, bool):
-            data = {**data, "decoding_length": min(max(k, 1), 16)}
+        if k is None:  # an invalid decoding_length is reported as itself, not as k too
+            dl_int = _as_int(dl)
+            data = {**data, "num_speculative_tokens":
+                    dl_int if dl_int is not None and 1 <= dl_int <= 16 else 16}
+        elif dl is None and _as_int(k) is not None:
+            data = {**data, "decoding_length": min(max(_as_int(k), 1), 16)}
         return data
 
     @model_validator(mode="after")
@@ -357,6 +358,33 @@ def resolve_aliases(spec: dict[str, Any]) -> dict[str, Any]:
     return MtpNgramConfig.resolve_alias(spec)
 
 
+def _as_int(value: Any) -> int | None:
+    """``value`` as the int pydantic's lax mode reads it (an int, or a string of one), else
+    None; bools are not ints here."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def close_method(method: Any) -> str | None:
+    """The vllm_specext method a mistyped ``method`` most likely means (``-`` for ``_``,
+    case, or a near spelling: ``difflib`` ratio >= 0.8), or None."""
+    if not isinstance(method, str) or method in METHODS:
+        return None
+    key = method.strip().lower().replace("-", "_")
+    if key in METHODS:
+        return key
+    close = difflib.get_close_matches(key, list(METHODS), n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
 def _allowed(model: type[BaseModel], key: str) -> str:
     """Describe the allowed values of ``model.key`` from its annotation and bounds."""
     field = model.model_fields.get(key)
@@ -365,17 +393,21 @@ def _allowed(model: type[BaseModel], key: str) -> str:
     ann = field.annotation
     if typing.get_origin(ann) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(ann))
-    lo = hi = None
+    lo = hi = None  # (bound, inclusive)
     for m in field.metadata:
-        lo = getattr(m, "ge", None) if getattr(m, "ge", None) is not None else lo
-        hi = getattr(m, "le", None) if getattr(m, "le", None) is not None else hi
+        for attr, inclusive in (("ge", True), ("gt", False)):
+            if getattr(m, attr, None) is not None:
+                lo = (getattr(m, attr), inclusive)
+        for attr, inclusive in (("le", True), ("lt", False)):
+            if getattr(m, attr, None) is not None:
+                hi = (getattr(m, attr), inclusive)
     tname = getattr(ann, "__name__", str(ann))
     if lo is not None and hi is not None:
-        return f"{tname} in [{lo}, {hi}]"
+        return f"{tname} in {'[' if lo[1] else '('}{lo[0]}, {hi[0]}{']' if hi[1] else ')'}"
     if lo is not None:
-        return f"{tname} >= {lo}"
+        return f"{tname} {'>=' if lo[1] else '>'} {lo[0]}"
     if hi is not None:
-        return f"{tname} <= {hi}"
+        return f"{tname} {'<=' if hi[1] else '<'} {hi[0]}"
     return tname
 
 
@@ -436,8 +468,11 @@ def validate_config(config: dict[str, Any]) -> MethodConfig:
     config = resolve_aliases(config)
     method = config.get("method")
     if method not in METHODS:
+        guess = close_method(method)
         raise SpecExtConfigError(
-            f"unknown speculative method {method!r}; allowed: {', '.join(METHODS)}")
+            f"unknown speculative method {method!r}"
+            + (f" (did you mean {guess!r}?)" if guess else "")
+            + f"; allowed: {', '.join(METHODS)}")
     model = METHODS[method]
     if not model.IMPLEMENTED:
         raise SpecExtConfigError(

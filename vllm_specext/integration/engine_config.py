@@ -21,7 +21,8 @@ import functools
 from typing import Any
 
 from vllm_specext.config import (METHODS, MtpNgramConfig, SpecExtConfigError, VerifyConfig,
-                                 resolve_aliases, validate_config, validate_verify_config)
+                                 close_method, resolve_aliases, validate_config,
+                                 validate_verify_config)
 
 ADAPTER_CLASS = "vllm_specext.integration.adapter.SpecExtProposer"
 ADDITIONAL_CONFIG_KEY = "vllm_specext"
@@ -51,6 +52,12 @@ def normalise(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | No
     if builtin and spec.get("method") not in BUILTIN_TWINS:
         raise SpecExtConfigError(f"'use_builtin' applies to methods {sorted(BUILTIN_TWINS)} "
                                  f"(vLLM's own implementations), not {spec.get('method')!r}")
+    guess = None if builtin else close_method(spec.get("method"))
+    if guess:  # e.g. "memory-decoding": vLLM's own check would list only vLLM's methods
+        raise SpecExtConfigError(
+            f"unknown speculative method {spec.get('method')!r} (did you mean {guess!r}?); "
+            f"vllm_specext's methods: {', '.join(METHODS)}; vLLM's own methods pass "
+            f"through unchanged")
     if builtin or spec.get("method") not in METHODS:  # vLLM's method, maybe our verify keys
         verify = {k: spec.pop(k) for k in VerifyConfig.KEYS & set(spec)}
         return spec, (validate_verify_config(verify).model_dump() if verify else None)

@@ -9,7 +9,7 @@ fill), and prometheus multiprocess mode is on only with ``--api-server-count > 1
 the count travels through files:
 
 * the first process that loads the plugin (the API server, or the process that calls
-  ``LLM()``) creates a private directory and exports it as ``VLLM_SPECEXT_METRICS_DIR``
+  ``LLM()``) creates a private directory and exports it as ``SPECEXT_METRICS_DIR``
   (a user-set value is kept); the engine-core and worker processes, started later,
   inherit it. The creating process removes the directory at exit;
 * a worker that absorbs a proposer exception rewrites its own file
@@ -25,7 +25,7 @@ counter, which multiprocess mode writes there.
 Offline, ``LLM.get_metrics()`` lists only ``vllm:`` names: read
 :func:`proposer_errors_total` (or ``REGISTRY``) instead. A process started by a process
 that already loaded the plugin shares its directory (and count) unless
-``VLLM_SPECEXT_METRICS_DIR`` is removed from its environment.
+``SPECEXT_METRICS_DIR`` is removed from its environment.
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ENV = "VLLM_SPECEXT_METRICS_DIR"
+#: not ``VLLM_``-prefixed: vLLM warns at start about every unknown ``VLLM_*`` variable
+ENV = "SPECEXT_METRICS_DIR"
 NAME = "vllm_specext_proposer_errors"  # exposed as ..._total
 HELP = "Proposer exceptions absorbed by vllm_specext's drafter (the step got no drafts)."
 _PREFIX = "proposer_errors."
@@ -88,7 +89,7 @@ def record_proposer_error() -> None:
 
 
 def proposer_errors_total() -> int:
-    """Sum of every process's count in ``$VLLM_SPECEXT_METRICS_DIR`` (0 when unset)."""
+    """Sum of every process's count in ``$SPECEXT_METRICS_DIR`` (0 when unset)."""
     path = os.environ.get(ENV)
     if not path or not os.path.isdir(path):
         return 0
