@@ -1,6 +1,8 @@
 """Offline generation with a vllm_specext method through vLLM's own `LLM()` API.
 
-    python examples/offline_llm.py [configs/ngram.json]
+    python examples/offline_llm.py [examples/configs/memory_decoding.json]
+
+with no argument it uses examples/configs/ngram.json.
 
 The plugin is found through the `vllm.general_plugins` entry point: nothing to import.
 """
