@@ -2,7 +2,7 @@
 
     python examples/offline_llm.py [examples/configs/memory_decoding.json]
 
-with no argument it uses examples/configs/ngram.json.
+With no argument it uses examples/configs/ngram.json.
 
 The plugin is found through the `vllm.general_plugins` entry point: nothing to import.
 """
