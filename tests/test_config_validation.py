@@ -78,6 +78,11 @@ def test_memory_decoding_lengths_from_a_numeric_string_and_errors_on_the_given_k
     assert "decoding_length" in str(err.value) and "num_speculative_tokens" not in str(err.value)
 
 
+def test_use_builtin_is_an_engine_key():
+    with pytest.raises(SpecExtConfigError, match="where vLLM starts"):
+        validate_config({"method": "ngram", "use_builtin": True})
+
+
 def test_not_a_dict():
     with pytest.raises(SpecExtConfigError, match="dict"):
         validate_config(["ngram"])  # type: ignore[arg-type]

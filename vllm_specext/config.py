@@ -466,6 +466,11 @@ def validate_config(config: dict[str, Any]) -> MethodConfig:
         raise SpecExtConfigError(
             f"speculative_config must be a JSON object / dict, got {type(config).__name__}")
     config = resolve_aliases(config)
+    if "use_builtin" in config:
+        raise SpecExtConfigError(
+            "'use_builtin' is read where vLLM starts (vllm serve, LLM()) and hands the method "
+            "to vLLM's own implementation; validate_config and build_proposer make "
+            "vllm_specext's proposers only")
     method = config.get("method")
     if method not in METHODS:
         guess = close_method(method)
