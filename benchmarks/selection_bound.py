@@ -33,6 +33,7 @@ union of all candidates.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import time
@@ -143,6 +144,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="JSON report (default: benchmarks/results/selection_bound.json)")
     args = ap.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
+    if args.k < 1:
+        ap.error(f"--k {args.k}: must be >= 1")
+    if not methods and not args.pia and not args.arctic:
+        ap.error("no candidates: give --methods, --pia or --arctic")
+    if args.arctic and importlib.util.find_spec("arctic_inference") is None:
+        ap.error("--arctic needs arctic-inference (see suffix_vs_arctic.py)")
     for m in methods:
         try:
             build_proposer(m, num_speculative_tokens=args.k)

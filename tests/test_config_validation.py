@@ -78,6 +78,21 @@ def test_memory_decoding_lengths_from_a_numeric_string_and_errors_on_the_given_k
     assert "decoding_length" in str(err.value) and "num_speculative_tokens" not in str(err.value)
 
 
+@pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": True},
+                                  {"method": "memory_decoding", "decoding_length": True},
+                                  {"method": "ngram", "adaptive_threshold": True}])
+def test_a_boolean_is_not_a_number(spec):
+    key = next(k for k in spec if k != "method")
+    with pytest.raises(SpecExtConfigError, match=f"'{key}'.*not a boolean"):
+        validate_config(spec)
+
+
+@pytest.mark.parametrize("dl", [4, 4.0, "4", "4.0"])
+def test_memory_decoding_k_follows_a_whole_decoding_length(dl):
+    cfg = validate_config({"method": "memory_decoding", "decoding_length": dl})
+    assert (cfg.num_speculative_tokens, cfg.decoding_length) == (4, 4)
+
+
 def test_use_builtin_is_an_engine_key():
     with pytest.raises(SpecExtConfigError, match="where vLLM starts"):
         validate_config({"method": "ngram", "use_builtin": True})

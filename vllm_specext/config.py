@@ -72,6 +72,17 @@ class MethodConfig(VerifyConfig):
         1.5, ge=1.0, le=4.0, description="how many times its measured cost a draft must be "
         "expected to return before it is shown (1.0 = break-even)")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, v, info):
+        """``true`` is not a count or a rate (pydantic's lax mode would read it as 1)."""
+        field = cls.model_fields.get(info.field_name)
+        if isinstance(v, bool) and field is not None:
+            types = {field.annotation, *typing.get_args(field.annotation)}
+            if bool not in types and types & {int, float}:
+                raise ValueError("must be a number, not a boolean")
+        return v
+
     #: keys consumed by the engine layer, not by proposer constructors
     ENGINE_KEYS: ClassVar[frozenset[str]] = VerifyConfig.KEYS | frozenset({
         "method", "adaptive", "adaptive_threshold", "adaptive_decay", "adaptive_margin"})
@@ -359,8 +370,9 @@ def resolve_aliases(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _as_int(value: Any) -> int | None:
-    """``value`` as the int pydantic's lax mode reads it (an int, or a string of one), else
-    None; bools are not ints here."""
+    """``value`` as the int pydantic's lax mode reads it (an int, a whole float, or a
+    string of either), else None; bools are not ints here (:class:`MethodConfig` rejects
+    them)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -369,7 +381,12 @@ def _as_int(value: Any) -> int | None:
         try:
             return int(value.strip())
         except ValueError:
-            return None
+            try:
+                value = float(value)
+            except ValueError:
+                return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return None
 
 
