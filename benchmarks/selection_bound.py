@@ -24,8 +24,8 @@ cache at vLLM's defaults (``--arctic``, as in ``suffix_vs_arctic.py``; needs
 Usage::
 
     python benchmarks/selection_bound.py [--files llma_cnndm.jsonl ...] [--k 8] [--limit N]
-        [--methods memory_decoding,suffix] [--pia <PIA>/lookahead/lookahead/common/lookahead_cache.py]
-        [--arctic] [--out benchmarks/results/selection_bound.json]
+        [--methods memory_decoding,suffix] [--arctic]
+        [--pia <PIA>/lookahead/lookahead/common/lookahead_cache.py] [--out benchmarks/results/selection_bound.json]
 
 Writes the JSON and a PNG beside it (``.png``): per file, each candidate's tau and the
 union of all candidates.
@@ -77,9 +77,9 @@ def run_file(path: Path, k: int, methods: list[str], pia_cls, arctic: bool,
     tokens = 0
     steps: dict[str, int] = {}
     seconds: dict[str, float] = {}
-    by_name = None
-    for stream in load_streams(path, TOKENIZER_RULES, (), limit, cache):
-        by_name = by_name or {t.name: t for t in cache.values()}
+    streams = load_streams(path, TOKENIZER_RULES, (), limit, cache)
+    by_name = {t.name: t for t in cache.values()}
+    for stream in streams:
         reqs = stream.requests
         tokens += sum(len(r.output) for r in reqs)
         cands = makers(methods, k, pia_cls, pia_stop_words(by_name[stream.tokenizer]), arctic)
@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     pia_cls = load_pia(args.pia) if args.pia else None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"k": args.k, "limit": args.limit, "methods": methods, "pia": bool(pia_cls), "arctic": args.arctic,
-              "files": {}}
+    report = {"k": args.k, "limit": args.limit, "methods": methods, "pia": bool(pia_cls),
+              "arctic": args.arctic, "files": {}}
     cache: dict = {}
     for f in files:
         res = run_file(f, args.k, methods, pia_cls, args.arctic, cache, args.limit)

@@ -191,8 +191,8 @@ class MemoryDecodingConfig(MethodConfig):
             dl_int = _as_int(dl)
             data = {**data, "num_speculative_tokens":
                     dl_int if dl_int is not None and 1 <= dl_int <= 16 else 16}
-        elif dl is None and _as_int(k) is not None:
-            data = {**data, "decoding_length": min(max(_as_int(k), 1), 16)}
+        elif dl is None and (k_int := _as_int(k)) is not None:
+            data = {**data, "decoding_length": min(max(k_int, 1), 16)}
         return data
 
     @model_validator(mode="after")

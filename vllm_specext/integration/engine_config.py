@@ -52,12 +52,8 @@ def normalise(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | No
     if builtin and spec.get("method") not in BUILTIN_TWINS:
         raise SpecExtConfigError(f"'use_builtin' applies to methods {sorted(BUILTIN_TWINS)} "
                                  f"(vLLM's own implementations), not {spec.get('method')!r}")
-    guess = None if builtin else close_method(spec.get("method"))
-    if guess:  # e.g. "memory-decoding": vLLM's own check would list only vLLM's methods
-        raise SpecExtConfigError(
-            f"unknown speculative method {spec.get('method')!r} (did you mean {guess!r}?); "
-            f"vllm_specext's methods: {', '.join(METHODS)}; vLLM's own methods pass "
-            f"through unchanged")
+    if not builtin and close_method(spec.get("method")):
+        validate_config(spec)  # raises "did you mean ...": vLLM's check lists only its own
     if builtin or spec.get("method") not in METHODS:  # vLLM's method, maybe our verify keys
         verify = {k: spec.pop(k) for k in VerifyConfig.KEYS & set(spec)}
         return spec, (validate_verify_config(verify).model_dump() if verify else None)
