@@ -122,6 +122,31 @@ def test_expected_accepted_and_withhold_keep_shadow_drafts():
     assert c.acceptance("r")[0] > before
 
 
+def test_withheld_drafts_are_scored_over_the_steps_that_follow():
+    """A step without a shown draft commits one token; the withheld draft's further
+    positions are compared with the tokens of the next steps, so alpha2 is measured
+    (and can recover) while drafts are withheld."""
+    c = DraftLengthController(k=4, prior_alpha=0.5)
+    truth = list(range(200))
+    for g in range(60):  # each withheld draft is right for 3 tokens, then wrong
+        assert c.trim(["r"], [truth[g + 1:g + 4] + [-1]], 1.0) == [[]]
+        c.observe("r", [truth[g + 1]])
+    a1, a2 = c.acceptance("r")
+    assert a1 > 0.95 and 0.55 < a2 < 0.75  # further positions: 2 hits of 3 trials
+    assert c.expected_accepted("r", 4) > 2.3
+    c.forget("r")
+    assert "r" not in c._scoring
+
+
+def test_a_shown_draft_accepted_in_full_is_scored_beyond_what_was_shown():
+    c = DraftLengthController(k=8, prior_alpha=0.5)
+    assert c.trim(["r"], [[1, 2, 3, 4, 5, 6, 7, 8]], 0.2) == [[1, 2]]  # 0.5, 0.25 > 0.2
+    c.observe("r", [1, 2, 3])  # both accepted, and the bonus token is the draft's third
+    c.observe("r", [4, 5, 6, 7, 8])  # the next step commits the rest of the full draft
+    # 7 further positions, all hits (scoring only this step's tokens: 2 hits, alpha2 0.88)
+    assert c.acceptance("r")[1] > 0.95
+
+
 def _step(c, rid, draft, threshold, committed):
     """One engine step as the adapter drives it: ask for a draft only when the controller
     wants one, trim it, then score it against the committed tokens."""

@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 from vllm_specext.config import SpecExtConfigError
 from vllm_specext.proposers import build_proposer
 from vllm_specext.proposers import suffix_tree as T
-from vllm_specext.proposers.base import match_kind
 from vllm_specext.proposers import suffix as SX
-from vllm_specext.proposers.suffix import SuffixProposer
+from vllm_specext.proposers.suffix import SuffixProposer, draft_kind
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -257,10 +256,10 @@ def test_draft_continues_a_repeated_pattern():
     p = SuffixProposer(4, suffix_decoding_max_spec_factor=1.0)
     p.start_request("a", [7, 1, 2, 3, 4, 5, 6, 9, 1, 2, 3])
     assert p.propose(["a"]) == [[4, 5, 6]]  # match "1 2 3" (m = 3) caps the draft at 3
-    assert p.last_kinds == [match_kind(3)] == [2]  # the draft's kind: its match length
+    assert p.last_kinds == [draft_kind(3, 3, 1.0)] == [4]  # an own match of 3, one choice
     assert p.propose(["a"], max_tokens=[2]) == [[4, 5]]
     p.update("a", [4, 5])
-    assert p.propose(["a"]) == [[6, 9, 1, 2]] and p.last_kinds == [match_kind(5)]
+    assert p.propose(["a"]) == [[6, 9, 1, 2]] and p.last_kinds == [draft_kind(5, 5, 1.0)]
     p.start_request("b", [11, 12, 13])
     assert p.propose(["b"]) == [[]] and p.last_kinds == [0]  # nothing matches
     q = build_proposer("suffix", num_speculative_tokens=4)  # defaults: factor 8
@@ -407,3 +406,20 @@ def test_config_keys_and_errors():
                      ("suffix_decoding_min_token_prob", 1.5)):
         with pytest.raises(SpecExtConfigError, match=key):
             build_proposer("suffix", **{key: bad})
+
+
+def test_draft_kind_tells_own_matches_past_outputs_and_guesses_apart():
+    assert draft_kind(0, 0, 0.0) == 0
+    kinds = {draft_kind(m, local, share) for m in (1, 2, 3, 4, 7, 8, 40)
+             for local in (0, m) for share in (0.2, 0.9)}
+    assert kinds == set(range(1, 17))  # 4 lengths x own/past x sure/guess
+    assert draft_kind(3, 3, 0.9) == draft_kind(2, 2, 0.9) != draft_kind(3, 1, 0.9)
+    assert draft_kind(8, 8, 0.9) == draft_kind(40, 40, 0.9)
+    assert draft_kind(3, 3, 0.4) - draft_kind(3, 3, 0.6) == 8
+    q = SuffixProposer(4, suffix_decoding_max_spec_factor=1.0)
+    q.start_request("x", [1, 2, 3, 4])
+    q.update("x", [1, 2, 3, 4])
+    q.stop_request("x", finished=True)  # past output "1 2 3 4"
+    q.start_request("y", [9, 1, 2])  # "1 2" matches the past output only
+    assert q.propose(["y"]) == [[3, 4]]
+    assert q.last_kinds == [draft_kind(2, 0, 1.0)]

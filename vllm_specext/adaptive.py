@@ -8,7 +8,8 @@ Two measured quantities decide it:
   2023, §3.5, with its own first step), shrunk towards all requests' rates. Drafted
   positions count as verified; when a request gets no draft, the full draft the proposer
   *would* have made is still compared with the tokens that are then committed ("shadow"
-  drafts), so a request whose acceptance returns recovers.
+  drafts), over as many steps as it takes, so a request whose acceptance returns
+  recovers, its ``alpha2`` included.
 * **Cost of drafting** (:class:`StepCostModel`): the target's step time ``T(n)`` over the
   number of tokens ``n`` a decode step schedules, a piecewise-linear curve through running
   means of the steps measured in the running engine (CPU, GPU or NPU alike; steps that
@@ -72,7 +73,7 @@ class DraftLengthController:
     """
 
     def __init__(self, k: int, decay: float = 0.8, prior_alpha: float = 0.5,
-                 prior_weight: float = 4.0, global_decay: float = 0.995, num_kinds: int = 8,
+                 prior_weight: float = 4.0, global_decay: float = 0.995, num_kinds: int = 32,
                  idle_steps: int = 8, probe_every: int = 4):
         self.k = k
         self.idle_steps = idle_steps
@@ -88,6 +89,8 @@ class DraftLengthController:
         self._full_draft: dict[str, tuple[list[int], int]] = {}  # request -> (draft, kind)
         self._shown: dict[str, int] = {}
         self._idle: dict[str, int] = {}  # request -> decode steps in a row with drafts withheld
+        # request -> drafts still being compared with committed tokens: (draft, kind, matched)
+        self._scoring: dict[str, list[tuple[list[int], int, int]]] = {}
 
     def _kind(self, kind: int) -> int:
         return min(max(int(kind), 0), self.num_kinds - 1)
@@ -154,11 +157,15 @@ class DraftLengthController:
         return [[] for _ in req_ids]
 
     def observe(self, req_id: str, committed: Sequence[int]) -> None:
-        """Score the last draft of ``req_id`` against the tokens committed after it.
+        """Score the drafts of ``req_id`` against the tokens committed after them.
 
-        Shown draft positions count by what the verifier accepted
-        (``len(committed) - 1`` of them); positions beyond, up to the committed tokens,
-        are scored by comparing the unshown (shadow) draft with what was committed.
+        Each draft (shown or not) is compared token by token with what is committed from
+        then on, over as many steps as it takes: a shown draft's positions match exactly
+        as far as the verifier accepted; a withheld (shadow) draft, or the part of a
+        shown one beyond the tokens shown, is compared with the tokens that later steps
+        commit. The first draft token is recorded at once; the further ones once the
+        draft misses or runs out, so ``alpha2`` is measured on whole drafts even while
+        drafts are withheld (a step without drafts commits one token).
         """
         draft, kind = self._full_draft.pop(req_id, ((), 0))
         if not committed:
@@ -167,25 +174,39 @@ class DraftLengthController:
         idle = self._idle.get(req_id, 0)
         # idle: the proposer's drafts keep being withheld (not: it was asked, found nothing)
         self._idle[req_id] = 0 if shown or (self._asks(idle) and not draft) else idle + 1
-        if not draft:
+        scoring = self._scoring.pop(req_id, [])
+        if draft:
+            scoring.append((draft, kind, 0))
+        still = []
+        for tokens, knd, matched in scoring:
+            n = min(len(committed), len(tokens) - matched)
+            i = 0
+            while i < n and tokens[matched + i] == committed[i]:
+                i += 1
+            if matched == 0:  # the first draft token's trial
+                self._record(req_id, knd, 1.0 if i else 0.0, 1.0, 0.0, 0.0)
+            matched += i
+            if i == len(committed) and matched < len(tokens):
+                still.append((tokens, knd, matched))
+            elif len(tokens) > 1 and matched > 0:  # the further positions' trials
+                missed = 1.0 if matched < len(tokens) else 0.0
+                self._record(req_id, knd, 0.0, 0.0, float(matched - 1), matched - 1 + missed)
+        if still:
+            self._scoring[req_id] = still
+
+    def _record(self, req_id: str, kind: int, first_hits: float, first_trials: float,
+                further_hits: float, further_trials: float) -> None:
+        """Add a scored draft's trials to the request's and the all-request statistics of
+        ``kind``, each decayed by one observation per trial."""
+        if first_trials == 0.0 and further_trials == 0.0:
             return
-        hits = min(len(committed) - 1, shown)
-        trials = hits + (1 if hits < shown else 0)
-        if hits == shown:  # every shown token accepted: shadow positions follow
-            for j in range(shown, min(len(draft), len(committed))):
-                trials += 1
-                if draft[j] != committed[j]:
-                    break
-                hits += 1
-        if trials == 0:
-            return
-        # position 0 is the first-token trial, positions 1.. the further ones
-        sample = (float(hits > 0), 1.0, float(max(hits - 1, 0)), float(trials - 1))
         stats = self._stats.setdefault(req_id, {}).setdefault(kind, [0.0, 0.0, 0.0, 0.0])
         for table, decay in ((stats, self.decay), (self._all[kind], self.global_decay)):
-            d1, d2 = decay, decay ** sample[3]
-            for i, d in enumerate((d1, d1, d2, d2)):
-                table[i] = table[i] * d + sample[i]
+            d1, d2 = decay ** first_trials, decay ** further_trials
+            table[0] = table[0] * d1 + first_hits
+            table[1] = table[1] * d1 + first_trials
+            table[2] = table[2] * d2 + further_hits
+            table[3] = table[3] * d2 + further_trials
 
     def proposes(self, req_id: str) -> bool:
         """Whether to ask the proposer for ``req_id``'s draft this step: always until its
@@ -205,8 +226,41 @@ class DraftLengthController:
 
     def forget(self, req_id: str) -> None:
         """Drop the statistics of a finished request."""
-        for table in (self._stats, self._full_draft, self._shown, self._idle):
+        for table in (self._stats, self._full_draft, self._shown, self._idle, self._scoring):
             table.pop(req_id, None)
+
+
+def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
+                 req_ids: Sequence[str], drafts: list[list[int]], kinds: Sequence[int],
+                 rows: int, fixed_threshold: float | None = None) -> list[list[int]]:
+    """The drafts one step shows, by the rule in the module docstring: each request's
+    draft cut to its length (:meth:`DraftLengthController.trim`), then all of them
+    withheld unless the batch's expected accepted tokens pay for their measured cost
+    (:meth:`StepCostModel.pays_off`). The vLLM adapter and the offline simulation
+    (``benchmarks/adaptive_replay.py``) both decide through this function.
+
+    Args:
+        controller, cost_model: the running estimates (updated elsewhere: the
+            controller by :meth:`~DraftLengthController.observe`, the cost model by
+            :meth:`~StepCostModel.observe`).
+        req_ids: one id per row; drafts: the proposer's full drafts (0..k tokens each);
+            kinds: their :attr:`~vllm_specext.proposers.base.Proposer.last_kinds`.
+        rows: requests decoding this step.
+        fixed_threshold: ``adaptive_threshold``: a fixed per-token emission probability
+            in [0, 1] and no batch-level check; None: priced by ``cost_model``.
+
+    Returns:
+        One draft per row, each a prefix of the proposer's (possibly empty).
+    """
+    if fixed_threshold is not None:
+        return controller.trim(req_ids, drafts, fixed_threshold, kinds)
+    threshold = cost_model.threshold(rows, sum(map(len, drafts)))
+    drafts = controller.trim(req_ids, drafts, threshold, kinds)
+    expected = sum(controller.expected_accepted(rid, len(d), kind)
+                   for rid, d, kind in zip(req_ids, drafts, kinds) if d)
+    if cost_model.pays_off(rows, expected, sum(map(len, drafts))):
+        return drafts
+    return controller.withhold(req_ids)
 
 
 class StepCostModel:

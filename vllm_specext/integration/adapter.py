@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_specext.adaptive import DraftLengthController, StepCostModel
+from vllm_specext.adaptive import DraftLengthController, StepCostModel, shown_drafts
 from vllm_specext.integration.engine_config import ADDITIONAL_CONFIG_KEY
 from vllm_specext.integration.metrics import record_proposer_error
 from vllm_specext.proposers import build_proposer
@@ -231,16 +231,9 @@ class SpecExtProposer:
             drafts = self.proposer.propose(req_ids, caps)
             if self.controller is None:
                 return drafts
-            kinds = self.proposer.last_kinds or [0] * num_rows
-            if self.fixed_threshold is not None:
-                return self.controller.trim(req_ids, drafts, self.fixed_threshold, kinds)
-            threshold = self.cost_model.threshold(rows, sum(map(len, drafts)))
-            drafts = self.controller.trim(req_ids, drafts, threshold, kinds)
-            expected = sum(self.controller.expected_accepted(rid, len(d), kind)
-                           for rid, d, kind in zip(req_ids, drafts, kinds) if d)
-            if self.cost_model.pays_off(rows, expected, sum(map(len, drafts))):
-                return drafts
-            return self.controller.withhold(req_ids)
+            return shown_drafts(self.controller, self.cost_model, req_ids, drafts,
+                                self.proposer.last_kinds or [0] * num_rows, rows,
+                                self.fixed_threshold)
         except Exception as err:  # never take the engine down: no drafts this step
             self.num_errors += 1
             record_proposer_error()
