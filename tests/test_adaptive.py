@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from vllm_specext.adaptive import DraftLengthController, StepCostModel
+from vllm_specext.adaptive import DraftLengthController, StepCostModel, shown_drafts
 
 
 def test_always_rejected_goes_to_zero_within_bounded_steps():
@@ -312,3 +312,41 @@ def test_a_slow_first_plain_measurement_is_capped_by_verified_steps_as_large():
         m.observe(n, 0.040 + 0.0029 * max(0, n - 9), speculative=True)
     assert m.step_time(8) == pytest.approx(0.040, rel=0.02)
     assert m.draft_cost(8, 16) == pytest.approx(0.0029 * 15, rel=0.1)
+
+
+def test_a_time_that_moved_restarts_its_group():
+    """Three steps in a row more than 2x off the group's mean, on one side, restart it
+    from their median (clamping alone would take dozens of steps to follow)."""
+    m = StepCostModel(buckets_per_octave=1)
+    for _ in range(3):  # verified 9-token steps measured slow at first (one-time costs)
+        m.observe(9, 1.0, speculative=True)
+    for _ in range(20):
+        m.observe(1, 0.1)
+    assert m.step_time(9, speculative=True) == pytest.approx(1.0)
+    m.observe(9, 0.15, speculative=True)
+    m.observe(9, 0.3, speculative=True)  # inside [t/2, 2t] of 0.875: the run restarts
+    assert m.step_time(9, speculative=True) > 0.5
+    for t in (0.15, 0.14, 0.16):
+        m.observe(9, t, speculative=True)
+    assert m.step_time(9, speculative=True) == pytest.approx(0.15)
+
+
+def test_exploring_after_many_plain_steps_shows_one_full_draft():
+    """Slow first verified steps price drafting out; after ``explore_every`` plain steps
+    one request's full draft is shown anyway, so the cost is measured again."""
+    m = StepCostModel(margin=1.5, explore_every=5)
+    c = DraftLengthController(k=4)
+    for _ in range(3):
+        m.observe(2, 0.1)
+    for _ in range(3):
+        m.observe(2 + 4, 3.0, speculative=True)  # 2 rows + 4 drafts: 30x a plain step
+    ids, drafts, kinds = ["a", "b"], [[1, 2, 3, 4], [5, 6]], [0, 0]
+    for step in range(5):
+        assert not m.exploring
+        assert shown_drafts(c, m, ids, drafts, kinds, 2) == [[], []]
+        m.observe(2, 0.1)
+    assert m.exploring
+    assert shown_drafts(c, m, ids, drafts, kinds, 2) == [[1, 2, 3, 4], []]
+    c.observe("a", [1, 2, 3, 4, 9])
+    m.observe(6, 0.11, speculative=True)
+    assert not m.exploring

@@ -236,7 +236,9 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     """The drafts one step shows, by the rule in the module docstring: each request's
     draft cut to its length (:meth:`DraftLengthController.trim`), then all of them
     withheld unless the batch's expected accepted tokens pay for their measured cost
-    (:meth:`StepCostModel.pays_off`). The vLLM adapter and the offline simulation
+    (:meth:`StepCostModel.pays_off`); when the cost model is :attr:`~StepCostModel.exploring`,
+    a withheld step shows the full draft of the request expected to accept most, so that
+    what verifying costs is measured again. The vLLM adapter and the offline simulation
     (``benchmarks/adaptive_replay.py``) both decide through this function.
 
     Args:
@@ -254,13 +256,19 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     """
     if fixed_threshold is not None:
         return controller.trim(req_ids, drafts, fixed_threshold, kinds)
+    full = drafts
     threshold = cost_model.threshold(rows, sum(map(len, drafts)))
     drafts = controller.trim(req_ids, drafts, threshold, kinds)
     expected = sum(controller.expected_accepted(rid, len(d), kind)
                    for rid, d, kind in zip(req_ids, drafts, kinds) if d)
     if cost_model.pays_off(rows, expected, sum(map(len, drafts))):
         return drafts
-    return controller.withhold(req_ids)
+    shown = controller.withhold(req_ids)
+    if cost_model.exploring and any(full):  # re-measure: the likeliest full draft
+        i = max((j for j in range(len(full)) if full[j]), key=lambda j: controller.
+                expected_accepted(req_ids[j], len(full[j]), kinds[j]))
+        shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
+    return shown
 
 
 class StepCostModel:
@@ -307,9 +315,11 @@ class StepCostModel:
 
     def __init__(self, margin: float = 1.0, buckets_per_octave: int = 4,
                  smoothing: float = 0.05, min_samples: int = 3, stale_steps: int = 1000,
-                 explore: float = 0.5, prior_slope_ratio: float = 0.01):
+                 explore: float = 0.5, prior_slope_ratio: float = 0.01,
+                 explore_every: int = 32):
         for name, value in (("buckets_per_octave", buckets_per_octave),
-                            ("min_samples", min_samples), ("stale_steps", stale_steps)):
+                            ("min_samples", min_samples), ("stale_steps", stale_steps),
+                            ("explore_every", explore_every)):
             if value < 1:
                 raise ValueError(f"StepCostModel {name} must be >= 1, got {value}")
         self.margin = margin
@@ -319,6 +329,8 @@ class StepCostModel:
         self.stale_steps = stale_steps
         self.explore = explore
         self.prior_slope_ratio = prior_slope_ratio
+        self.explore_every = explore_every
+        self._since_verified = 0  # decode steps observed since the last verified one
         self._groups: dict[tuple[int, bool], _StepGroup] = {}  # (bucket, verified) -> group
         self._steps = 0
         self._curves: dict[bool, tuple[list[float], list[float]]] | None = None  # cache
@@ -332,12 +344,23 @@ class StepCostModel:
         if tokens < 1:
             return
         self._steps += 1
+        self._since_verified = 0 if speculative else self._since_verified + 1
         key = (int(self.buckets_per_octave * math.log2(tokens)), bool(speculative))
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _StepGroup()
         group.add(float(tokens), float(seconds), self._steps, self.min_samples, self.smoothing)
         self._curves = None
+
+    @property
+    def exploring(self) -> bool:
+        """Whether a step should verify drafts although the curves say it does not pay:
+        fitted, and no verified step among the last ``explore_every`` decode steps. The
+        curves only learn from steps that run, so without it a few slow verified steps
+        (one-time costs, another process's burst) would stop drafting for good: offline
+        (``benchmarks/adaptive_replay.py`` with its first 3 verified steps 10x slower),
+        every workload then ran at tau 1.00."""
+        return self._since_verified >= self.explore_every and self.fitted
 
     @property
     def fitted(self) -> bool:
@@ -443,12 +466,14 @@ class StepCostModel:
 class _StepGroup:
     """Steps of one token-count bucket and kind: running means of tokens and seconds."""
 
-    __slots__ = ("n", "t", "count", "last", "first")
+    __slots__ = ("n", "t", "count", "last", "first", "outliers")
 
     def __init__(self):
         self.n = self.t = 0.0
         self.count = self.last = 0
         self.first: list[tuple[float, float]] = []  # the first steps, until ready
+        # the latest steps in a row outside [t/2, 2t], all on one side
+        self.outliers: list[tuple[float, float]] = []
 
     @property
     def ready(self) -> bool:
@@ -466,6 +491,18 @@ class _StepGroup:
                 self.n = sum(n for _, n in self.first) / len(self.first)
                 self.first = []
             return
+        if 0.5 * self.t <= seconds <= 2.0 * self.t:
+            self.outliers = []
+        else:  # min_samples outliers in a row on one side: the time has moved, restart
+            if self.outliers and (self.outliers[-1][0] > self.t) != (seconds > self.t):
+                self.outliers = []
+            self.outliers.append((seconds, tokens))
+            if len(self.outliers) >= min_samples:
+                self.outliers.sort()
+                self.t = self.outliers[len(self.outliers) // 2][0]
+                self.n = sum(n for _, n in self.outliers) / len(self.outliers)
+                self.count, self.outliers = min_samples, []
+                return
         seconds = min(max(seconds, 0.5 * self.t), 2.0 * self.t)
         w = max(1.0 / self.count, smoothing)
         self.n += w * (tokens - self.n)
