@@ -18,7 +18,9 @@ the differences between draft rules. This script replays that sequence without t
    for a verified one (``--costs``). The defaults span what in-process engines on the
    project's VMs measured at batch 1 (``benchmarks/README.md``, "Adaptive speculation"):
    a verified step of 3 and 5 tokens +19% and +17% over a plain one, of 9 tokens +32% to
-   +109%.
+   +109%; ``slope`` is the cost model of one e2e engine (``suffix``, summarization,
+   2026-12-02): a plain step 89 ms, a verified one of 2, 3, 4 and 9 tokens 89-92, 101,
+   113 and 148-155 ms, no fixed cost and ~8.5% of a step per draft token.
 
 The reference, ``vllm_ngram``, is vLLM's rule: our ``ngram`` at vLLM's settings
 (``prompt_lookup_min`` 2, ``prompt_lookup_max`` 5: the same drafts as vLLM's kernel on the
@@ -29,7 +31,7 @@ and cost: modelled tok/s relative to a plain step, tau, and each method's ratio 
 Usage::
 
     python benchmarks/adaptive_replay.py [--methods ngram,suffix,memory_decoding,lookahead]
-        [--prompts 4] [--max-tokens 96] [--costs lo=0.12,0.035 hi=0.15,0.08 vhi=0.30,0.09]
+        [--prompts 4] [--max-tokens 96] [--costs lo=0.12,0.035 hi=0.15,0.08 vhi=0.30,0.09 slope=0,0.085]
         [--outputs benchmarks/results/workload_outputs.json] [--out benchmarks/results/adaptive_replay.json]
 
 ``lookahead``'s Jacobi feedback needs the target model, so offline it drafts from its
@@ -52,7 +54,7 @@ from vllm_specext.proposers import build_proposer
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 OUR_METHODS = ("ngram", "suffix", "memory_decoding", "lookahead")
-DEFAULT_COSTS = ("lo=0.12,0.035", "hi=0.15,0.08", "vhi=0.30,0.09")
+DEFAULT_COSTS = ("lo=0.12,0.035", "hi=0.15,0.08", "vhi=0.30,0.09", "slope=0,0.085")
 REFERENCE = "vllm_ngram"
 GENERATED_TOKENS = 256
 WARMUP_TOKENS = 48  # as e2e.py's warm-up
