@@ -323,8 +323,9 @@ def test_a_time_that_moved_restarts_its_group():
     for _ in range(20):
         m.observe(1, 0.1)
     assert m.step_time(9, speculative=True) == pytest.approx(1.0)
-    m.observe(9, 0.15, speculative=True)
-    m.observe(9, 0.3, speculative=True)  # inside [t/2, 2t] of 0.875: the run restarts
+    m.observe(9, 0.15, speculative=True)  # clamped to 0.5: t = 0.875
+    m.observe(9, 0.2, speculative=True)  # clamped to 0.4375: t = 0.79
+    m.observe(9, 0.5, speculative=True)  # inside [t/2, 2t]: the run of outliers breaks
     assert m.step_time(9, speculative=True) > 0.5
     for t in (0.15, 0.14, 0.16):
         m.observe(9, t, speculative=True)
@@ -347,6 +348,7 @@ def test_exploring_after_many_plain_steps_shows_one_full_draft():
         m.observe(2, 0.1)
     assert m.exploring
     assert shown_drafts(c, m, ids, drafts, kinds, 2) == [[1, 2, 3, 4], []]
+    assert not m.exploring  # counted again from here, timed or not (e.g. a prefill chunk)
     c.observe("a", [1, 2, 3, 4, 9])
     m.observe(6, 0.11, speculative=True)
     assert not m.exploring

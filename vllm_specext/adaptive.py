@@ -225,7 +225,10 @@ class DraftLengthController:
         return idle < self.idle_steps or (idle - self.idle_steps) % self.probe_every == 0
 
     def forget(self, req_id: str) -> None:
-        """Drop the statistics of a finished request."""
+        """Drop the statistics of a finished request (drafts still being scored when it
+        ended keep only their first-token trial: counting their matched further positions
+        as hits lowered modelled tok/s offline by up to 5% in ``adaptive_replay.py``'s
+        4-prompt cells, e.g. ``suffix`` summarization ``slope`` 1.015 -> 0.980)."""
         for table in (self._stats, self._full_draft, self._shown, self._idle, self._scoring):
             table.pop(req_id, None)
 
@@ -268,6 +271,7 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
         i = max((j for j in range(len(full)) if full[j]), key=lambda j: controller.
                 expected_accepted(req_ids[j], len(full[j]), kinds[j]))
         shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
+        cost_model.explored()
     return shown
 
 
@@ -358,9 +362,15 @@ class StepCostModel:
         fitted, and no verified step among the last ``explore_every`` decode steps. The
         curves only learn from steps that run, so without it a few slow verified steps
         (one-time costs, another process's burst) would stop drafting for good: offline
-        (``benchmarks/adaptive_replay.py`` with its first 3 verified steps 10x slower),
-        every workload then ran at tau 1.00."""
+        (``benchmarks/adaptive_replay.py``'s sequence with its first 10 verified steps
+        timed 10x slower, scratch), every workload then ran at tau 1.00. Counted again from an exploration (see
+        :meth:`explored`), so a step that is not timed (a prefill chunk in the batch)
+        does not make every following step explore."""
         return self._since_verified >= self.explore_every and self.fitted
+
+    def explored(self) -> None:
+        """A step is about to verify drafts because of :attr:`exploring`."""
+        self._since_verified = 0
 
     @property
     def fitted(self) -> bool:
@@ -494,6 +504,7 @@ class _StepGroup:
         if 0.5 * self.t <= seconds <= 2.0 * self.t:
             self.outliers = []
         else:  # min_samples outliers in a row on one side: the time has moved, restart
+            # (a time that keeps jumping between two levels is followed level by level)
             if self.outliers and (self.outliers[-1][0] > self.t) != (seconds > self.t):
                 self.outliers = []
             self.outliers.append((seconds, tokens))

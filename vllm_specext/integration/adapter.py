@@ -264,6 +264,8 @@ class SpecExtProposer:
             elif buf is None or len(buf) != n:
                 # first sight, or lengths disagree (preempted/resumed, id reuse): resync
                 n_prompt = min(int(prompt_lens[i]), n)
+                if self.controller is not None:  # its pending drafts follow other tokens
+                    self.controller.forget(rid)
                 p.start_request(rid, token_ids[i, :n_prompt])
                 p.update(rid, token_ids[i, n_prompt:n])
             # a row that did not decode (partial prefill) gets no draft

@@ -100,10 +100,10 @@ def draft_kind(longest: int, local: int, share: float) -> int:
     the first draft token got less than :data:`CONFIDENT_SHARE` of its vote.
 
     Adaptive speculation keeps acceptance per kind. In an offline batch-1 simulation of
-    the end-to-end benchmark (``benchmarks/adaptive_replay.py``, 4 prompts per workload,
-    three step-cost curves), these kinds against the match length alone raised modelled
-    tok/s in 13 of 15 cells, the lowest cell's ratio to vLLM's n-gram rule from 0.93 to
-    0.98.
+    the end-to-end benchmark (``benchmarks/adaptive_replay.py``'s sequence, 4 prompts per
+    workload, its costs ``lo``, ``hi`` and ``vhi``), these kinds against the match length
+    alone raised modelled tok/s in 13 of 15 cells, the lowest cell's ratio to vLLM's
+    n-gram rule from 0.93 to 0.98.
     """
     if longest <= 0:
         return 0
@@ -326,8 +326,8 @@ def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
 
     Returns:
         ``(n tokens, last stamp used, longest match in tokens, longest match in the
-        request tree, the first draft token's share of its vote)`` (0.0 share without
-        a draft).
+        request tree, the first draft token's share of its vote)`` (without a voter
+        the share is 0.0).
     """
     nc, longest, local = collect_voters(lnodes, ltok, lseqs, act, n_ctx, gnodes, ghkeys,
                                         ghvals, gtok, gseqs, slot, gact, cand)
