@@ -50,6 +50,7 @@ from workloads import WORKLOADS, warmup_chats
 from vllm_specext.adaptive import DraftLengthController, StepCostModel, shown_drafts
 from vllm_specext.config import MethodConfig
 from vllm_specext.proposers import build_proposer
+from vllm_specext.replay.simulate import chain_accept
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -128,10 +129,7 @@ def replay_batch1(sequence: list[tuple[str, dict]], method: str, fixed: float, p
                 drafts = shown_drafts(controller, cost_model, [rid], drafts,
                                       p.last_kinds or [0], 1)
             draft = drafts[0]
-            a = 0
-            while a < len(draft) and pos + a < len(truth) and draft[a] == truth[pos + a]:
-                a += 1
-            committed = truth[pos:pos + a + 1]
+            committed = truth[pos:pos + chain_accept(draft, truth, pos) + 1]
             seconds = 1.0 + (fixed + per * len(draft) if draft else 0.0)
             cost_model.observe(1 + len(draft), seconds, bool(draft))
             p.update(rid, committed)

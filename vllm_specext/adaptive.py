@@ -363,9 +363,9 @@ class StepCostModel:
         curves only learn from steps that run, so without it a few slow verified steps
         (one-time costs, another process's burst) would stop drafting for good: offline
         (``benchmarks/adaptive_replay.py``'s sequence with its first 10 verified steps
-        timed 10x slower, scratch), every workload then ran at tau 1.00. Counted again from an exploration (see
-        :meth:`explored`), so a step that is not timed (a prefill chunk in the batch)
-        does not make every following step explore."""
+        timed 10x slower, scratch), every workload then ran at tau 1.00. Counted again
+        from an exploration (see :meth:`explored`), so a step that is not timed (a
+        prefill chunk in the batch) does not make every following step explore."""
         return self._since_verified >= self.explore_every and self.fitted
 
     def explored(self) -> None:
@@ -496,9 +496,7 @@ class _StepGroup:
         if self.count <= min_samples:  # start from the median of the first steps
             self.first.append((seconds, tokens))
             if self.count == min_samples:
-                self.first.sort()
-                self.t = self.first[len(self.first) // 2][0]
-                self.n = sum(n for _, n in self.first) / len(self.first)
+                self._start_from(self.first)
                 self.first = []
             return
         if 0.5 * self.t <= seconds <= 2.0 * self.t:
@@ -509,15 +507,20 @@ class _StepGroup:
                 self.outliers = []
             self.outliers.append((seconds, tokens))
             if len(self.outliers) >= min_samples:
-                self.outliers.sort()
-                self.t = self.outliers[len(self.outliers) // 2][0]
-                self.n = sum(n for _, n in self.outliers) / len(self.outliers)
+                self._start_from(self.outliers)
                 self.count, self.outliers = min_samples, []
                 return
         seconds = min(max(seconds, 0.5 * self.t), 2.0 * self.t)
         w = max(1.0 / self.count, smoothing)
         self.n += w * (tokens - self.n)
         self.t += w * (seconds - self.t)
+
+    def _start_from(self, steps: list[tuple[float, float]]) -> None:
+        """Set the group to the median time and the mean tokens of ``(seconds, tokens)``
+        steps (sorted in place)."""
+        steps.sort()
+        self.t = steps[len(steps) // 2][0]
+        self.n = sum(n for _, n in steps) / len(steps)
 
 
 def _isotonic(points: list[tuple[float, float, float]]) -> tuple[list[float], list[float]]:

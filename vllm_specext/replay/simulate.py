@@ -163,7 +163,7 @@ def _replay_request(p: Proposer, req: Request, k: int, tree_budget: int = 0) -> 
             draft = p.propose([rid])[0]
             t1 = clock()
             nd = len(draft)
-            a = _chain_accept(draft, truth, pos)
+            a = chain_accept(draft, truth, pos)
         depth = a if tree_budget else nd
         if depth > k:
             raise RuntimeError(f"{type(p).__name__} drafted {depth} > k={k} tokens in a row")
@@ -220,15 +220,16 @@ def accept_lengths(requests: Sequence[Request], make_proposer: Callable[[], Prop
             draft = p.propose([req.key])[0]
             if len(draft) > k:
                 raise RuntimeError(f"{type(p).__name__} drafted {len(draft)} > k={k} tokens")
-            lengths[g] = _chain_accept(draft, truth, g)
+            lengths[g] = chain_accept(draft, truth, g)
             p.update(req.key, truth[g:g + 1])
         p.stop_request(req.key, finished=True)
         out.append(lengths)
     return out
 
 
-def _chain_accept(draft: Sequence[int], truth: Sequence[int], pos: int) -> int:
-    """Length of the longest prefix of ``draft`` equal to ``truth[pos:]``."""
+def chain_accept(draft: Sequence[int], truth: Sequence[int], pos: int) -> int:
+    """Length of the longest prefix of ``draft`` equal to ``truth[pos:]``: the tokens a
+    greedy verifier accepts of a chain draft made at output position ``pos``."""
     a, lim = 0, min(len(draft), len(truth) - pos)
     while a < lim and draft[a] == truth[pos + a]:
         a += 1
