@@ -16,6 +16,7 @@ from vllm_specext.proposers import build_proposer
 from vllm_specext.proposers.memory_decoding import (COPY, H_PTR, TRIE,
                                                      MemoryDecodingProposer, _local_match,
                                                      _stats_size, draft_kind)
+from vllm_specext.proposers.rejected_tail import TAIL_KIND
 from vllm_specext.proposers.memory_trie import (BEST, BYTES_PER_NODE, CNT, PARENT, ROOT,
                                                 STAMP, FrequencyTrie, match)
 
@@ -261,8 +262,9 @@ def test_only_finished_requests_are_counted_and_statistics_survive_growth():
     assert (p.trie.extra == stats).all()
 
 
-def test_trie_draft_follows_an_accepted_draft():
-    p = MemoryDecodingProposer(8)
+@pytest.mark.parametrize("rejected_tail", [False, True])
+def test_trie_draft_follows_an_accepted_draft(rejected_tail):
+    p = MemoryDecodingProposer(8, rejected_tail=rejected_tail)
     p.start_request("a", [9])
     p.update("a", [40, 41, 42, 43, 44, 45, 46, 47, 48, 49])
     p.stop_request("a")
@@ -270,8 +272,13 @@ def test_trie_draft_follows_an_accepted_draft():
     assert p.propose(["b"]) == [[42, 43, 44, 45, 46, 47, 48, 49]]
     p.update("b", [42, 43, 44])  # two accepted, bonus = the trie's next token
     assert p.propose(["b"]) == [[45, 46, 47, 48, 49]]
-    p.update("b", [45, 99])  # one accepted, bonus off the trie
-    assert p.propose(["b"]) == [[]]
+    p.update("b", [45, 99])  # one accepted, bonus off the trie: 99 replaced 46
+    if rejected_tail:
+        assert p.propose(["b"]) == [[47, 48, 49]] and p.last_kinds == [TAIL_KIND]
+        p.update("b", [47, 98])  # the tail's own tail
+        assert p.propose(["b"]) == [[49]]
+        p.update("b", [97, 96])  # diverged before the last token: no tail
+    assert p.propose(["b"]) == [[]] and p.last_kinds == [0]
 
 
 def test_request_id_reuse_resets_state():

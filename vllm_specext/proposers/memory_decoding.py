@@ -51,6 +51,7 @@ from vllm_specext.proposers.base import Proposer, TokenBuffer
 from vllm_specext.proposers.memory_trie import HEADER as ARENA_HEADER
 from vllm_specext.proposers.memory_trie import (BEST, CHILD, CNT, NODE_FIELDS, SIB, TOK,
                                                 FrequencyTrie, find_child, match, node_base)
+from vllm_specext.proposers.rejected_tail import TAIL_KIND
 
 #: candidate kinds
 COPY, TRIE = 0, 1
@@ -86,7 +87,7 @@ def draft_kind(kind: int, order: int) -> int:
 
 # Request state: int32 array, header fields then regions (offsets from _layout).
 (H_LOCAL, H_PTR, H_LAST, H_NCAND, H_CHOSEN, H_NOUT, H_TS, H_PC, H_K, H_ORDERS,
- H_PROMPT_FIRST, H_DYNAMIC, H_OUTCOME, H_TEPOCH, H_KIND) = range(15)
+ H_PROMPT_FIRST, H_DYNAMIC, H_OUTCOME, H_TEPOCH, H_KIND, H_TAIL) = range(16)
 _HEADER = 16
 _TRIE_EPOCH = 4  # arena word counting the trie's renumberings (memory_trie layout)
 
@@ -275,9 +276,12 @@ def _step(arena, rs, ctx_len, cap):
     one = np.int32(1 << _FP)
     last = rs[H_LAST]
     g0, q0 = -1, 0  # trie node of the new context's suffix, followed from the last draft
+    tail = 0  # tokens of the last draft's tail (rejected_tail), moved to the out region's front
     if last >= 0 and ctx_len > last:
         m_new = ctx_len - last
-        chosen = rs[H_CHOSEN]
+        if rs[H_TAIL]:
+            tail = _rejected_tail(rs, out, toks, last, m_new)
+        chosen = -1 if rs[H_KIND] == TAIL_KIND else rs[H_CHOSEN]
         for c in range(rs[H_NCAND]):
             at = cinfo + _CINFO * c
             kind, order, ccap, src = rs[at], rs[at + 1], rs[at + 2], rs[at + 3]
@@ -328,7 +332,7 @@ def _step(arena, rs, ctx_len, cap):
         nc += 1
     rs[H_NCAND] = nc
     if nc == 0:
-        return 0
+        return _draft_tail(rs, tail, cap)
     # ---- choice: best decayed mean of matched tokens, prior by prompt_first
     prompt_first = rs[H_PROMPT_FIRST] != 0
     best = -1
@@ -362,8 +366,36 @@ def _step(arena, rs, ctx_len, cap):
         for i in range(nd):
             rs[out + i] = rs[toks + idx]
             idx = _copy_next(src, idx, ctx_len)
+    if nd == 0:
+        return _draft_tail(rs, tail, cap)
     rs[H_NOUT] = nd
-    rs[H_KIND] = draft_kind(rs[at], rs[at + 1]) if nd > 0 else 0
+    rs[H_KIND] = draft_kind(rs[at], rs[at + 1])
+    return nd
+
+
+@nb.njit(cache=True, inline="always")
+def _rejected_tail(rs, out, toks, last, m_new):
+    """:func:`~vllm_specext.proposers.rejected_tail.tail_after` of the last draft
+    (``rs[out:out + H_NOUT]``) and the ``m_new`` tokens committed after it (from
+    position ``last``), moved to the front of the out region; returns its length."""
+    nout = rs[H_NOUT]
+    a = 0
+    while a < m_new and a < nout and rs[out + a] == rs[toks + last + a]:
+        a += 1
+    if a < m_new - 1 or nout <= m_new:
+        return 0
+    for i in range(nout - m_new):
+        rs[out + i] = rs[out + m_new + i]
+    return nout - m_new
+
+
+@nb.njit(cache=True, inline="always")
+def _draft_tail(rs, tail, cap):
+    """Draft the first ``min(tail, cap)`` tokens of the tail in the out region (kind
+    ``TAIL_KIND``) when nothing else was drafted; returns the draft length."""
+    nd = min(tail, cap)
+    rs[H_NOUT] = nd
+    rs[H_KIND] = TAIL_KIND if nd > 0 else 0
     return nd
 
 
@@ -544,6 +576,8 @@ class MemoryDecodingProposer(Proposer):
             statistics exist and on ties.
         insert_prompt: count each finished request's whole prompt in the shared trie,
             not only its last ``branch_length - 1`` tokens.
+        rejected_tail: where neither candidate drafts, draft the last draft's tail
+            (:mod:`~vllm_specext.proposers.rejected_tail`, applied in :func:`_step`).
 
     Memory: the trie (<= ``40 * max_nodes`` bytes, 41.9 MB at the default cap) plus
     per active request one state array of about ``4 * (2 + 6 * max_query_length)``
@@ -556,7 +590,7 @@ class MemoryDecodingProposer(Proposer):
                  dynamic_algo: bool = False, branch_length: int = 16,
                  max_query_length: int = 4, max_nodes: int = 1 << 20,
                  eviction: str = "frequency", prompt_first: bool = True,
-                 insert_prompt: bool = False):
+                 insert_prompt: bool = False, rejected_tail: bool = True):
         super().__init__(num_speculative_tokens)
         if not 1 <= max_query_length <= 64:
             raise ValueError("max_query_length must be in [1, 64]")
@@ -565,6 +599,7 @@ class MemoryDecodingProposer(Proposer):
         self.max_query_length = int(max_query_length)
         self.prompt_first = bool(prompt_first)
         self.insert_prompt = bool(insert_prompt)
+        self.rejected_tail = bool(rejected_tail)
         self._k = max(self.num_speculative_tokens, self.decoding_length)
         self._cap = min(self.num_speculative_tokens, self.decoding_length)
         self.trie = FrequencyTrie(branch_length, max_nodes, eviction,
@@ -594,6 +629,7 @@ class MemoryDecodingProposer(Proposer):
             rs[H_LOCAL] = 0
         rs[H_TS], rs[H_PC] = ts, pc
         rs[H_PROMPT_FIRST], rs[H_DYNAMIC] = self.prompt_first, self.dynamic_algo
+        rs[H_TAIL] = self.rejected_tail
         rs[H_K], rs[H_ORDERS] = self._k, self.max_query_length
         rs[toks:toks + length] = buf.storage[:length]
         buf = _Tokens.over(rs[toks:toks + pc], length)

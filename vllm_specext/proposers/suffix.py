@@ -471,6 +471,8 @@ class SuffixProposer(Proposer):
         suffix_decoding_min_token_prob: stop drafting once the path probability (product
             of the drafted tokens' vote shares) falls below this.
         suffix_decoding_max_spec_offset: the offset above (Arctic's ``max_spec_offset``).
+        rejected_tail: where the vote drafts nothing, draft the last draft's tail
+            (:mod:`~vllm_specext.proposers.rejected_tail`).
 
     Raises:
         ValueError: k < 1, depth < 1, or max_cached_requests < -1.
@@ -482,8 +484,8 @@ class SuffixProposer(Proposer):
                  suffix_decoding_max_cached_requests: int = 10000,
                  suffix_decoding_max_spec_factor: float = 8.0,
                  suffix_decoding_min_token_prob: float = 0.05,
-                 suffix_decoding_max_spec_offset: float = 0.0):
-        super().__init__(num_speculative_tokens)
+                 suffix_decoding_max_spec_offset: float = 0.0, rejected_tail: bool = True):
+        super().__init__(num_speculative_tokens, rejected_tail)
         self.max_depth = int(suffix_decoding_max_tree_depth)
         self.max_spec_factor = float(suffix_decoding_max_spec_factor)
         self.max_spec_offset = float(suffix_decoding_max_spec_offset)

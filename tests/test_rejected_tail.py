@@ -1,0 +1,88 @@
+"""The rejected-draft tail fallback (``vllm_specext.proposers.rejected_tail``): the rule,
+and that ``suffix`` (base-class path) and ``memory_decoding`` (inside its kernel) apply
+it exactly where they would otherwise draft nothing."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_specext.config import validate_config
+from vllm_specext.proposers import build_proposer
+from vllm_specext.proposers.rejected_tail import TAIL_KIND, RejectedTails, tail_after
+
+
+@pytest.mark.parametrize("draft, committed, tail", [
+    ([1, 2, 3, 4], [1, 9], [3, 4]),        # 9 replaced 2
+    ([1, 2, 3, 4], [9], [2, 3, 4]),        # 9 replaced 1
+    ([1, 2, 3, 4], [1, 2], [3, 4]),        # the draft so far was right (a shown prefix)
+    ([1, 2, 3, 4], [1, 2, 3, 4], []),      # all of it used up
+    ([1, 2, 3, 4], [1, 2, 3, 4, 5], []),   # accepted whole, bonus token after it
+    ([1, 2, 3, 4], [8, 9], []),            # diverged before the last committed token
+    ([1, 2, 3, 4], [], []),
+])
+def test_tail_after(draft, committed, tail):
+    assert tail_after(draft, committed) == tail
+
+
+def test_tails_only_fill_empty_rows_and_expire():
+    t = RejectedTails()
+    assert t.drafted("r", [5, 6, 7, 8], 8) == ([5, 6, 7, 8], False)
+    t.committed("r", [5, 0])
+    assert t.drafted("r", [1, 2], 8) == ([1, 2], False)  # the proposer's own draft wins
+    t.committed("r", [0])
+    assert t.drafted("r", [], 1) == ([2], True)  # tail of [1, 2], capped at 1
+    t.committed("r", [3, 4])
+    assert t.drafted("r", [], 8) == ([], False)  # diverged: no tail
+    t.drafted("r", [1, 2, 3], 8)
+    t.committed("r", [9])
+    t.committed("r", [2])  # a second commit without a draft in between: the tail expired
+    assert t.drafted("r", [], 8) == ([], False)
+    t.drafted("r", [1, 2, 3], 8)
+    t.committed("r", [9])
+    t.forget("r")
+    assert t.drafted("r", [], 8) == ([], False)
+
+
+def test_config_key():
+    for method in ("suffix", "memory_decoding"):
+        assert validate_config({"method": method}).rejected_tail is True
+        assert validate_config({"method": method, "rejected_tail": False}).rejected_tail is False
+        with pytest.raises(ValueError, match="rejected_tail"):
+            validate_config({"method": method, "rejected_tail": "sometimes"})
+
+
+@st.composite
+def sessions(draw):
+    """A prompt and a list of steps; each step commits the next draft's first
+    ``accept`` tokens then one more token (a small vocabulary, so that matches, misses
+    and tails all occur)."""
+    prompt = draw(st.lists(st.integers(0, 5), min_size=1, max_size=12))
+    steps = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(1, 8)),
+                          min_size=1, max_size=40))
+    return prompt, steps
+
+
+@settings(max_examples=60, deadline=None)
+@given(method=st.sampled_from(["suffix", "memory_decoding"]), session=sessions())
+def test_fallback_is_the_tail_where_the_proposer_drafts_nothing(method, session):
+    prompt, steps = session
+    on = build_proposer(method, num_speculative_tokens=6)
+    off = build_proposer(method, num_speculative_tokens=6, rejected_tail=False)
+    for p in (on, off):  # a finished request first, so the cross-request caches hold data
+        p.start_request("old", prompt)
+        p.update("old", prompt[::-1] + prompt)
+        p.stop_request("old")
+        p.start_request("r", prompt)
+    last, since = [], []
+    for accept, token, cap in steps:
+        d_on, d_off = on.propose(["r"], [cap])[0], off.propose(["r"], [cap])[0]
+        if d_off:
+            assert d_on == d_off and on.last_kinds == off.last_kinds
+        else:
+            expected = tail_after(last, since)[:cap] if last else []
+            assert d_on == expected
+            assert on.last_kinds == [TAIL_KIND if expected else 0]
+        last, since = d_on, d_on[:accept] + [token]
+        for p in (on, off):
+            p.update("r", since)
