@@ -7,9 +7,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import numpy as np
+
 from vllm_specext.config import validate_config
 from vllm_specext.proposers import build_proposer
-from vllm_specext.proposers.rejected_tail import TAIL_KIND, RejectedTails, tail_after
+from vllm_specext.proposers.rejected_tail import TAIL_KIND, move_tail
+
+
+def tail_after(draft, committed):
+    """Reference: the draft's tail after ``committed``, or []."""
+    n = len(committed)
+    if n and len(draft) > n and list(draft[:n - 1]) == list(committed[:n - 1]):
+        return list(draft[n:])
+    return []
 
 
 @pytest.mark.parametrize("draft, committed, tail", [
@@ -21,27 +31,12 @@ from vllm_specext.proposers.rejected_tail import TAIL_KIND, RejectedTails, tail_
     ([1, 2, 3, 4], [8, 9], []),            # diverged before the last committed token
     ([1, 2, 3, 4], [], []),
 ])
-def test_tail_after(draft, committed, tail):
+def test_move_tail(draft, committed, tail):
     assert tail_after(draft, committed) == tail
-
-
-def test_tails_only_fill_empty_rows_and_expire():
-    t = RejectedTails()
-    assert t.drafted("r", [5, 6, 7, 8], 8) == ([5, 6, 7, 8], False)
-    t.committed("r", [5, 0])
-    assert t.drafted("r", [1, 2], 8) == ([1, 2], False)  # the proposer's own draft wins
-    t.committed("r", [0])
-    assert t.drafted("r", [], 1) == ([2], True)  # tail of [1, 2], capped at 1
-    t.committed("r", [3, 4])
-    assert t.drafted("r", [], 8) == ([], False)  # diverged: no tail
-    t.drafted("r", [1, 2, 3], 8)
-    t.committed("r", [9])
-    t.committed("r", [2])  # a second commit without a draft in between: the tail expired
-    assert t.drafted("r", [], 8) == ([], False)
-    t.drafted("r", [1, 2, 3], 8)
-    t.committed("r", [9])
-    t.forget("r")
-    assert t.drafted("r", [], 8) == ([], False)
+    d = np.array([7, 7] + draft + [0, 0], dtype=np.int32)
+    ctx = np.array([5, 5, 5] + committed, dtype=np.int32)
+    n = move_tail(d, 2, len(draft), ctx, 3, len(ctx))
+    assert d[2:2 + n].tolist() == tail and d[:2].tolist() == [7, 7]
 
 
 def test_config_key():

@@ -22,8 +22,6 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from vllm_specext.proposers.rejected_tail import TAIL_KIND, RejectedTails
-
 
 def match_kind(match_len: int) -> int:
     """Draft kind (:attr:`Proposer.last_kinds`) of a draft that continues a context
@@ -86,20 +84,15 @@ class Proposer(ABC):
 
     Args:
         num_speculative_tokens: k, the most draft tokens per request per step (>= 1).
-        rejected_tail: where the proposer drafts nothing, draft the tail of the
-            request's last draft past the token the target model replaced
-            (:mod:`~vllm_specext.proposers.rejected_tail`; kind ``TAIL_KIND``).
-            Applied by the base :meth:`propose` and :meth:`update`.
     """
 
     #: the method name used in ``speculative_config``
     method: str = ""
 
-    def __init__(self, num_speculative_tokens: int, rejected_tail: bool = False):
+    def __init__(self, num_speculative_tokens: int):
         if num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1")
         self.num_speculative_tokens = int(num_speculative_tokens)
-        self._tails = RejectedTails() if rejected_tail else None
         self.tokens: dict[str, TokenBuffer] = {}
         self.prompt_len: dict[str, int] = {}
         self._kind = 0  # set by _propose_one for its draft (see last_kinds)
@@ -112,8 +105,6 @@ class Proposer(ABC):
         """
         if req_id in self.tokens:
             self.stop_request(req_id, finished=False)
-        if self._tails is not None:
-            self._tails.forget(req_id)
         self.tokens[req_id] = TokenBuffer(prompt_token_ids)
         self.prompt_len[req_id] = len(prompt_token_ids)
         self._on_start(req_id)
@@ -129,8 +120,6 @@ class Proposer(ABC):
         buf = self.tokens[req_id]
         old_len = len(buf)
         buf.extend(new_token_ids)
-        if self._tails is not None:
-            self._tails.committed(req_id, new_token_ids)
         self._on_update(req_id, old_len)
 
     def stop_request(self, req_id: str, finished: bool = True) -> None:
@@ -140,8 +129,6 @@ class Proposer(ABC):
         if req_id not in self.tokens:
             return
         self._on_stop(req_id, finished)
-        if self._tails is not None:
-            self._tails.forget(req_id)
         del self.tokens[req_id]
         del self.prompt_len[req_id]
 
@@ -166,18 +153,12 @@ class Proposer(ABC):
         """
         out: list[list[int]] = []
         kinds: list[int] = []
-        tails = self._tails
         for rid, cap in zip(req_ids, self._caps(len(req_ids), max_tokens)):
             self._kind = 0
             if cap <= 0 or rid not in self.tokens:
                 out.append([])
             else:
-                draft = self._propose_one(rid, cap)
-                if tails is not None:
-                    draft, used = tails.drafted(rid, draft, cap)
-                    if used:
-                        self._kind = TAIL_KIND
-                out.append(draft)
+                out.append(self._propose_one(rid, cap))
             kinds.append(self._kind)
         self.last_kinds = kinds
         return out

@@ -23,8 +23,12 @@ against the committed tokens, so losers are scored too), and drafts the candidat
 with the best mean. ``prompt_first`` sets the prior before statistics exist and breaks
 ties: the request's own context first (PIA's mix mode) or the shared trie first.
 
+Where neither candidate drafts, the rest of the request's last draft past the token the
+target model replaced is drafted (``rejected_tail``;
+:mod:`~vllm_specext.proposers.rejected_tail`, applied in the step kernel).
+
 A draft's kind for adaptive speculation (``last_kinds``) is its candidate and match
-length (:func:`draft_kind`).
+length (:func:`draft_kind`), or ``TAIL_KIND``.
 
 ``dynamic_algo`` (MindIE's name): each (kind, match length) also learns the
 probability that drafted token i is accepted given tokens < i were; the draft stops
@@ -51,7 +55,7 @@ from vllm_specext.proposers.base import Proposer, TokenBuffer
 from vllm_specext.proposers.memory_trie import HEADER as ARENA_HEADER
 from vllm_specext.proposers.memory_trie import (BEST, CHILD, CNT, NODE_FIELDS, SIB, TOK,
                                                 FrequencyTrie, find_child, match, node_base)
-from vllm_specext.proposers.rejected_tail import TAIL_KIND
+from vllm_specext.proposers.rejected_tail import TAIL_KIND, move_tail
 
 #: candidate kinds
 COPY, TRIE = 0, 1
@@ -280,7 +284,7 @@ def _step(arena, rs, ctx_len, cap):
     if last >= 0 and ctx_len > last:
         m_new = ctx_len - last
         if rs[H_TAIL]:
-            tail = _rejected_tail(rs, out, toks, last, m_new)
+            tail = move_tail(rs, out, rs[H_NOUT], rs, toks + last, toks + ctx_len)
         chosen = -1 if rs[H_KIND] == TAIL_KIND else rs[H_CHOSEN]
         for c in range(rs[H_NCAND]):
             at = cinfo + _CINFO * c
@@ -371,22 +375,6 @@ def _step(arena, rs, ctx_len, cap):
     rs[H_NOUT] = nd
     rs[H_KIND] = draft_kind(rs[at], rs[at + 1])
     return nd
-
-
-@nb.njit(cache=True, inline="always")
-def _rejected_tail(rs, out, toks, last, m_new):
-    """:func:`~vllm_specext.proposers.rejected_tail.tail_after` of the last draft
-    (``rs[out:out + H_NOUT]``) and the ``m_new`` tokens committed after it (from
-    position ``last``), moved to the front of the out region; returns its length."""
-    nout = rs[H_NOUT]
-    a = 0
-    while a < m_new and a < nout and rs[out + a] == rs[toks + last + a]:
-        a += 1
-    if a < m_new - 1 or nout <= m_new:
-        return 0
-    for i in range(nout - m_new):
-        rs[out + i] = rs[out + m_new + i]
-    return nout - m_new
 
 
 @nb.njit(cache=True, inline="always")
@@ -727,7 +715,8 @@ class MemoryDecodingProposer(Proposer):
         Returns:
             ``(tokens, parents)``, int32 ``(n,)`` each, n <= budget; ``parents[i] < i``
             is the index of node i's parent, -1 for children of the last context token.
-            The single-branch draft is the chain of nodes 0, 1, ...
+            The single-branch draft is the chain of nodes 0, 1, ... (unless it was the
+            rejected tail, which the tree leaves out).
 
         Raises:
             KeyError: ``req_id`` is not active.

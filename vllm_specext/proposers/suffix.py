@@ -22,6 +22,9 @@ greedy path scores best (sum of path probabilities). Here every matched suffix v
   the path probability, and only the voters that predicted it continue, one token deeper;
 * drafting stops at ``min(k, int(longest match * max_spec_factor + offset))`` tokens,
   when the path probability falls below ``min_token_prob``, or when no voter is left;
+* where the vote drafts nothing (no voter, or the first token below ``min_token_prob``),
+  the rest of the request's last draft past the token the target model replaced is
+  drafted instead (``rejected_tail``; :mod:`~vllm_specext.proposers.rejected_tail`);
 * the draft's kind for adaptive speculation (``last_kinds``) is its longest match,
   whether that match is the request's own, and how sure the first token's vote was
   (:func:`draft_kind`).
@@ -70,6 +73,7 @@ import numpy as np
 from numba import njit
 
 from vllm_specext.proposers.base import Proposer, match_kind
+from vllm_specext.proposers.rejected_tail import TAIL_KIND, move_tail
 from vllm_specext.proposers.suffix_tree import (BEST, CNT, FCH, LEN, NXT, TOK, ActiveRequest,
                                                 GlobalCache, child, match, token_at)
 
@@ -316,19 +320,23 @@ def learn_local_weight(rec, t, rate, state):
 def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
                 gnodes, ghkeys, ghvals, gtok, gseqs, slot, gact,
                 max_tokens, factor, offset, min_prob, log_lw, cand, tkeys, tvals, tlocal,
-                tstamp, stamp, touched, out, rec):
+                tstamp, stamp, touched, out, rec, last, use_tail):
     """Single-chain vote draft (module docstring) of at most ``max_tokens`` into ``out``.
 
     Tree arguments as :func:`collect_voters` (plus the request tree's children table);
     ``log_lw[0]``: log weight of request-tree voters; ``tkeys``/``tvals``/``tlocal``/``tstamp``/
     ``touched``: tally scratch of one power-of-two size, ``stamp``: the last stamp used;
-    ``rec``: receives the first-token vote (:func:`record_vote`).
+    ``rec``: receives the first-token vote (:func:`record_vote`); ``last``: int32
+    ``(k + 2,)``, the request's last draft (context length then, length, tokens),
+    replaced by this one; ``use_tail``: draft that draft's tail when the vote drafts
+    nothing (:mod:`~vllm_specext.proposers.rejected_tail`).
 
     Returns:
         ``(n tokens, last stamp used, longest match in tokens, longest match in the
-        request tree, the first draft token's share of its vote)`` (without a voter
-        the share is 0.0).
+        request tree, the first draft token's share of its vote, whether the draft is
+        the tail)`` (without a voter the share is 0.0).
     """
+    tail = move_tail(last, 2, last[1], ltok, last[0], n_ctx) if use_tail else 0
     nc, longest, local = collect_voters(lnodes, ltok, lseqs, act, n_ctx, gnodes, ghkeys,
                                         ghvals, gtok, gseqs, slot, gact, cand)
     budget = _budget(longest, max_tokens, factor, offset)
@@ -355,7 +363,13 @@ def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
         n += 1
         nc = advance(lnodes, lhkeys, lhvals, ltok, lseqs, gnodes, ghkeys, ghvals, gtok, gseqs,
                      cand, 0, nc, t, 0)
-    return n, stamp, longest, local, share
+    tailed = n == 0 and tail > 0
+    if tailed:
+        n = min(tail, max_tokens)
+        out[:n] = last[2:2 + n]
+    last[0], last[1] = n_ctx, n
+    last[2:2 + n] = out[:n]
+    return n, stamp, longest, local, share, tailed
 
 
 @njit(cache=True)
@@ -472,7 +486,7 @@ class SuffixProposer(Proposer):
             of the drafted tokens' vote shares) falls below this.
         suffix_decoding_max_spec_offset: the offset above (Arctic's ``max_spec_offset``).
         rejected_tail: where the vote drafts nothing, draft the last draft's tail
-            (:mod:`~vllm_specext.proposers.rejected_tail`).
+            (:mod:`~vllm_specext.proposers.rejected_tail`; kind ``TAIL_KIND``).
 
     Raises:
         ValueError: k < 1, depth < 1, or max_cached_requests < -1.
@@ -485,7 +499,8 @@ class SuffixProposer(Proposer):
                  suffix_decoding_max_spec_factor: float = 8.0,
                  suffix_decoding_min_token_prob: float = 0.05,
                  suffix_decoding_max_spec_offset: float = 0.0, rejected_tail: bool = True):
-        super().__init__(num_speculative_tokens, rejected_tail)
+        super().__init__(num_speculative_tokens)
+        self.rejected_tail = bool(rejected_tail)
         self.max_depth = int(suffix_decoding_max_tree_depth)
         self.max_spec_factor = float(suffix_decoding_max_spec_factor)
         self.max_spec_offset = float(suffix_decoding_max_spec_offset)
@@ -502,6 +517,7 @@ class SuffixProposer(Proposer):
         self._stamp = 0
         self._log_lw = np.zeros(1)  # log of the local weight, learned online
         self._votes: dict[str, np.ndarray] = {}  # first-token vote per request
+        self._last: dict[str, np.ndarray] = {}  # last draft per request (draft_chain)
         self._out = np.empty(self.num_speculative_tokens, dtype=np.int32)
 
     # ----------------------------------------------------------------- life cycle
@@ -511,6 +527,7 @@ class SuffixProposer(Proposer):
         req.extend(buf.storage, len(buf))
         self._reqs[req_id] = req
         self._votes[req_id] = np.full((3, RECORD_SIZE + 1), -1.0)
+        self._last[req_id] = np.zeros(self.num_speculative_tokens + 2, dtype=np.int32)
 
     def _on_update(self, req_id: str, old_len: int) -> None:
         buf = self.tokens[req_id]
@@ -520,7 +537,7 @@ class SuffixProposer(Proposer):
 
     def _on_stop(self, req_id: str, finished: bool) -> None:
         self._reqs.pop(req_id).close(finished)
-        del self._votes[req_id]
+        del self._votes[req_id], self._last[req_id]
 
     # ----------------------------------------------------------------- drafting
     @property
@@ -535,12 +552,12 @@ class SuffixProposer(Proposer):
                 gt.nodes, gt.hkeys, gt.hvals, g.arena, g.seqs, req.slot, req.gact)
 
     def _propose_one(self, req_id: str, max_tokens: int) -> list[int]:
-        n, self._stamp, longest, local, share = draft_chain(
+        n, self._stamp, longest, local, share, tailed = draft_chain(
             *self._trees(req_id), max_tokens, self.max_spec_factor, self.max_spec_offset,
             self.min_token_prob, self._log_lw, self._cand, self._tkeys, self._tvals,
             self._tlocal, self._tstamp, self._stamp, self._touched, self._out,
-            self._votes[req_id])
-        self._kind = draft_kind(longest, local, share)
+            self._votes[req_id], self._last[req_id], self.rejected_tail)
+        self._kind = TAIL_KIND if tailed else draft_kind(longest, local, share)
         return self._out[:n].tolist()
 
     def propose_tree(self, req_id: str, budget: int = 64,
@@ -574,4 +591,6 @@ class SuffixProposer(Proposer):
     def state_nbytes(self) -> int:
         """Token buffers, request trees and the global cache, in bytes."""
         return (super().state_nbytes() + sum(r.nbytes for r in self._reqs.values())
-                + sum(v.nbytes for v in self._votes.values()) + self.global_cache.nbytes)
+                + sum(v.nbytes + d.nbytes for v, d in zip(self._votes.values(),
+                                                           self._last.values()))
+                + self.global_cache.nbytes)
