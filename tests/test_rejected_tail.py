@@ -1,6 +1,6 @@
 """The rejected-draft tail fallback (``vllm_specext.proposers.rejected_tail``): the rule,
-and that ``suffix`` (base-class path) and ``memory_decoding`` (inside its kernel) apply
-it exactly where they would otherwise draft nothing."""
+and that ``suffix`` and ``memory_decoding`` (each inside its kernel) apply it exactly
+where they would otherwise draft nothing."""
 from __future__ import annotations
 
 import pytest
@@ -35,16 +35,21 @@ def test_move_tail(draft, committed, tail):
     assert tail_after(draft, committed) == tail
     d = np.array([7, 7] + draft + [0, 0], dtype=np.int32)
     ctx = np.array([5, 5, 5] + committed, dtype=np.int32)
-    n = move_tail(d, 2, len(draft), ctx, 3, len(ctx))
+    n = move_tail(d, 2, len(draft), ctx, 3, len(ctx), 8)
     assert d[2:2 + n].tolist() == tail and d[:2].tolist() == [7, 7]
+    assert move_tail(d, 2, n, ctx, 3, 3, 8) == 0  # nothing committed since
+    d = np.array([7, 7] + draft + [0, 0], dtype=np.int32)
+    assert move_tail(d, 2, len(draft), ctx, 3, len(ctx), 1) == min(len(tail), 1)
+    assert move_tail(d, 2, len(draft), ctx, 3, len(ctx), 0) == 0
 
 
 def test_config_key():
     for method in ("suffix", "memory_decoding"):
-        assert validate_config({"method": method}).rejected_tail is True
-        assert validate_config({"method": method, "rejected_tail": False}).rejected_tail is False
-        with pytest.raises(ValueError, match="rejected_tail"):
-            validate_config({"method": method, "rejected_tail": "sometimes"})
+        assert validate_config({"method": method}).rejected_tail == 2
+        assert validate_config({"method": method, "rejected_tail": 0}).rejected_tail == 0
+        for bad in (-1, True, "sometimes"):
+            with pytest.raises(ValueError, match="rejected_tail"):
+                validate_config({"method": method, "rejected_tail": bad})
 
 
 @st.composite
@@ -59,11 +64,12 @@ def sessions(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(method=st.sampled_from(["suffix", "memory_decoding"]), session=sessions())
-def test_fallback_is_the_tail_where_the_proposer_drafts_nothing(method, session):
+@given(method=st.sampled_from(["suffix", "memory_decoding"]), most=st.sampled_from([1, 2, 6]),
+       session=sessions())
+def test_fallback_is_the_tail_where_the_proposer_drafts_nothing(method, most, session):
     prompt, steps = session
-    on = build_proposer(method, num_speculative_tokens=6)
-    off = build_proposer(method, num_speculative_tokens=6, rejected_tail=False)
+    on = build_proposer(method, num_speculative_tokens=6, rejected_tail=most)
+    off = build_proposer(method, num_speculative_tokens=6, rejected_tail=0)
     for p in (on, off):  # a finished request first, so the cross-request caches hold data
         p.start_request("old", prompt)
         p.update("old", prompt[::-1] + prompt)
@@ -75,9 +81,26 @@ def test_fallback_is_the_tail_where_the_proposer_drafts_nothing(method, session)
         if d_off:
             assert d_on == d_off and on.last_kinds == off.last_kinds
         else:
-            expected = tail_after(last, since)[:cap] if last else []
+            expected = tail_after(last, since)[:min(cap, most)] if last else []
             assert d_on == expected
             assert on.last_kinds == [TAIL_KIND if expected else 0]
         last, since = d_on, d_on[:accept] + [token]
         for p in (on, off):
             p.update("r", since)
+
+
+@pytest.mark.parametrize("method", ["suffix", "memory_decoding"])
+def test_tail_follows_every_token_committed_since_the_draft(method):
+    p = build_proposer(method, num_speculative_tokens=8, rejected_tail=8)
+    p.start_request("a", [9])
+    p.update("a", [40, 41, 42, 43, 44, 45, 46, 47, 48, 49])
+    p.stop_request("a")
+    p.start_request("b", [70, 71, 40, 41])
+    draft = p.propose(["b"])[0]
+    assert draft[:3] == [42, 43, 44]
+    p.update("b", [42])  # two commits before the next draft: the rule sees both
+    p.update("b", [43, 999])
+    assert p.propose(["b"]) == [draft[3:]] and p.last_kinds == [TAIL_KIND]
+    p.propose_tree("b", budget=8)  # a tree draft leaves no tail
+    p.update("b", [998])
+    assert p.propose(["b"]) == [[]]

@@ -228,7 +228,7 @@ def test_global_tree_holds_active_and_finished_outputs(ops, depth, cap):
        factor=st.sampled_from([0.5, 1.0, 2.0, 8.0]), min_prob=st.sampled_from([0.0, 0.1, 0.5]),
        cap=st.sampled_from([-1, 0, 3]))
 def test_chain_draft_matches_reference(ops, depth, k, factor, min_prob, cap):
-    p = SuffixProposer(k, depth, cap, factor, min_prob, rejected_tail=False)
+    p = SuffixProposer(k, depth, cap, factor, min_prob, rejected_tail=0)
     prompts, outputs, cached = {}, {}, []
     for op, rid, toks in ops:
         if op == "start":

@@ -284,7 +284,7 @@ def _step(arena, rs, ctx_len, cap):
     if last >= 0 and ctx_len > last:
         m_new = ctx_len - last
         if rs[H_TAIL]:
-            tail = move_tail(rs, out, rs[H_NOUT], rs, toks + last, toks + ctx_len)
+            tail = move_tail(rs, out, rs[H_NOUT], rs, toks + last, toks + ctx_len, rs[H_TAIL])
         chosen = -1 if rs[H_KIND] == TAIL_KIND else rs[H_CHOSEN]
         for c in range(rs[H_NCAND]):
             at = cinfo + _CINFO * c
@@ -564,8 +564,9 @@ class MemoryDecodingProposer(Proposer):
             statistics exist and on ties.
         insert_prompt: count each finished request's whole prompt in the shared trie,
             not only its last ``branch_length - 1`` tokens.
-        rejected_tail: where neither candidate drafts, draft the last draft's tail
-            (:mod:`~vllm_specext.proposers.rejected_tail`, applied in :func:`_step`).
+        rejected_tail: where neither candidate drafts, draft up to this many tokens of
+            the last draft's tail (:mod:`~vllm_specext.proposers.rejected_tail`, applied
+            in :func:`_step`; 0: off).
 
     Memory: the trie (<= ``40 * max_nodes`` bytes, 41.9 MB at the default cap) plus
     per active request one state array of about ``4 * (2 + 6 * max_query_length)``
@@ -578,7 +579,7 @@ class MemoryDecodingProposer(Proposer):
                  dynamic_algo: bool = False, branch_length: int = 16,
                  max_query_length: int = 4, max_nodes: int = 1 << 20,
                  eviction: str = "frequency", prompt_first: bool = True,
-                 insert_prompt: bool = False, rejected_tail: bool = True):
+                 insert_prompt: bool = False, rejected_tail: int = 2):
         super().__init__(num_speculative_tokens)
         if not 1 <= max_query_length <= 64:
             raise ValueError("max_query_length must be in [1, 64]")
@@ -587,7 +588,7 @@ class MemoryDecodingProposer(Proposer):
         self.max_query_length = int(max_query_length)
         self.prompt_first = bool(prompt_first)
         self.insert_prompt = bool(insert_prompt)
-        self.rejected_tail = bool(rejected_tail)
+        self.rejected_tail = max(0, int(rejected_tail))
         self._k = max(self.num_speculative_tokens, self.decoding_length)
         self._cap = min(self.num_speculative_tokens, self.decoding_length)
         self.trie = FrequencyTrie(branch_length, max_nodes, eviction,
@@ -725,8 +726,9 @@ class MemoryDecodingProposer(Proposer):
         self._run(req_id, depth)
         tok = np.empty(budget, dtype=np.int32)
         par = np.empty(budget, dtype=np.int32)
-        n = _tree(self.trie.arena, self.state[req_id], len(self.tokens[req_id]),
-                  int(budget), depth, tok, par)
+        rs = self.state[req_id]
+        n = _tree(self.trie.arena, rs, len(self.tokens[req_id]), int(budget), depth, tok, par)
+        rs[H_NOUT] = 0  # _tree drafted candidates into the out region: no tail from it
         return tok[:n], par[:n]
 
     def state_nbytes(self) -> int:

@@ -35,20 +35,20 @@ TAIL_KIND = 31
 
 
 @nb.njit(cache=True, inline="always")
-def move_tail(d, d0, nd, ctx, start, end):
+def move_tail(d, d0, nd, ctx, start, end, most):
     """The rule of the module docstring, in place: the last draft is ``d[d0:d0 + nd]``
     (int32), the tokens committed since are ``ctx[start:end]``; the tail is moved to
     ``d[d0:]``.
 
     Returns:
-        The tail's length (0: none).
+        The length of the tail's draft, at most ``most`` tokens (0: none).
     """
     n = end - start
-    if n <= 0 or nd <= n:
+    if n <= 0 or nd <= n or most <= 0:
         return 0
     for i in range(n - 1):
         if d[d0 + i] != ctx[start + i]:
             return 0
     for i in range(nd - n):
         d[d0 + i] = d[d0 + n + i]
-    return nd - n
+    return min(nd - n, most)

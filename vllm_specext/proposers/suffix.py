@@ -320,7 +320,7 @@ def learn_local_weight(rec, t, rate, state):
 def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
                 gnodes, ghkeys, ghvals, gtok, gseqs, slot, gact,
                 max_tokens, factor, offset, min_prob, log_lw, cand, tkeys, tvals, tlocal,
-                tstamp, stamp, touched, out, rec, last, use_tail):
+                tstamp, stamp, touched, out, rec, last, tail_tokens):
     """Single-chain vote draft (module docstring) of at most ``max_tokens`` into ``out``.
 
     Tree arguments as :func:`collect_voters` (plus the request tree's children table);
@@ -328,15 +328,16 @@ def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
     ``touched``: tally scratch of one power-of-two size, ``stamp``: the last stamp used;
     ``rec``: receives the first-token vote (:func:`record_vote`); ``last``: int32
     ``(k + 2,)``, the request's last draft (context length then, length, tokens),
-    replaced by this one; ``use_tail``: draft that draft's tail when the vote drafts
-    nothing (:mod:`~vllm_specext.proposers.rejected_tail`).
+    replaced by this one; ``tail_tokens``: draft up to this many tokens of that draft's
+    tail when the vote drafts nothing (:mod:`~vllm_specext.proposers.rejected_tail`;
+    0: never).
 
     Returns:
         ``(n tokens, last stamp used, longest match in tokens, longest match in the
         request tree, the first draft token's share of its vote, whether the draft is
         the tail)`` (without a voter the share is 0.0).
     """
-    tail = move_tail(last, 2, last[1], ltok, last[0], n_ctx) if use_tail else 0
+    tail = move_tail(last, 2, last[1], ltok, last[0], n_ctx, tail_tokens)
     nc, longest, local = collect_voters(lnodes, ltok, lseqs, act, n_ctx, gnodes, ghkeys,
                                         ghvals, gtok, gseqs, slot, gact, cand)
     budget = _budget(longest, max_tokens, factor, offset)
@@ -485,8 +486,9 @@ class SuffixProposer(Proposer):
         suffix_decoding_min_token_prob: stop drafting once the path probability (product
             of the drafted tokens' vote shares) falls below this.
         suffix_decoding_max_spec_offset: the offset above (Arctic's ``max_spec_offset``).
-        rejected_tail: where the vote drafts nothing, draft the last draft's tail
-            (:mod:`~vllm_specext.proposers.rejected_tail`; kind ``TAIL_KIND``).
+        rejected_tail: where the vote drafts nothing, draft up to this many tokens of
+            the last draft's tail (:mod:`~vllm_specext.proposers.rejected_tail`; kind
+            ``TAIL_KIND``; 0: off).
 
     Raises:
         ValueError: k < 1, depth < 1, or max_cached_requests < -1.
@@ -498,9 +500,9 @@ class SuffixProposer(Proposer):
                  suffix_decoding_max_cached_requests: int = 10000,
                  suffix_decoding_max_spec_factor: float = 8.0,
                  suffix_decoding_min_token_prob: float = 0.05,
-                 suffix_decoding_max_spec_offset: float = 0.0, rejected_tail: bool = True):
+                 suffix_decoding_max_spec_offset: float = 0.0, rejected_tail: int = 2):
         super().__init__(num_speculative_tokens)
-        self.rejected_tail = bool(rejected_tail)
+        self.rejected_tail = max(0, int(rejected_tail))
         self.max_depth = int(suffix_decoding_max_tree_depth)
         self.max_spec_factor = float(suffix_decoding_max_spec_factor)
         self.max_spec_offset = float(suffix_decoding_max_spec_offset)
@@ -585,6 +587,7 @@ class SuffixProposer(Proposer):
             *self._trees(req_id), depth, budget, self.max_spec_factor, self.max_spec_offset,
             self.min_token_prob, self._log_lw, self._tkeys, self._tvals, self._tlocal,
             self._tstamp, self._stamp, self._touched, out, par, self._votes[req_id])
+        self._last[req_id][1] = 0  # a tree draft leaves no rejected tail
         return out[:n], par[:n]
 
     # ----------------------------------------------------------------- accounting
