@@ -12,7 +12,8 @@ Configurations:
 * ``arctic_vllm``: Arctic at vLLM's defaults (depth 24, 10000 cached, factor 1.0,
   min_prob 0.1), driven as vLLM's ``SuffixDecodingProposer`` drives it;
 * ``arctic_vllm_tree8``: its tree draft (``use_tree_spec``) of k nodes;
-* ``ours_same``: ours with those same explicit parameters;
+* ``ours_same``: ours with those same explicit parameters (and our default
+  ``rejected_tail``, which Arctic has no key for);
 * ``ours_default``: ours at the ``SuffixConfig`` defaults;
 * ``ours_default_tree8`` / ``ours_default_tree32``: the tree draft of ``ours_default``
   (``propose_tree`` with k / 4k nodes, branches <= k deep), accepted along the longest

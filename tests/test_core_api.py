@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_specext.proposers import Proposer, build_proposer
+from vllm_specext.proposers.rejected_tail import TAIL_KIND
 
 METHODS = ["ngram", "naive"]
 K = 4
@@ -142,7 +143,17 @@ def test_last_kinds_one_small_int_per_row(method):
     drafts = p.propose(ids, [K, K, K, 0])
     _valid(drafts, ids, [K, K, K, 0])
     assert len(p.last_kinds) == len(ids)
-    assert all(isinstance(k, int) and 0 <= k < 8 for k in p.last_kinds)
+    assert all(isinstance(k, int) and 0 <= k <= TAIL_KIND for k in p.last_kinds)
     assert all(k == 0 for d, k in zip(drafts, p.last_kinds) if not d)
     if method in ("ngram", "suffix", "memory_decoding"):
         assert drafts[0] and p.last_kinds[0] > 0  # a copy of the repeated pattern
+
+
+def test_own_draft_kinds_stay_below_the_tail_kind():
+    """The adaptive controller keys acceptance by kind: a proposer's own kinds must not
+    reach :data:`TAIL_KIND` (kinds at or above it share its statistics)."""
+    from vllm_specext.proposers import memory_decoding, suffix
+    assert max(suffix.draft_kind(m, loc, share) for m in range(0, 40) for loc in (0, m)
+               for share in (0.1, 0.9)) < TAIL_KIND
+    assert max(memory_decoding.draft_kind(kind, order) for kind in (memory_decoding.COPY,
+               memory_decoding.TRIE) for order in range(1, 17)) < TAIL_KIND

@@ -177,7 +177,9 @@ class Proposer(ABC):
     #: made from (0 when the proposer does not tell kinds apart; e.g. ``lookahead``: 0
     #: Jacobi-window guesses, 1 next-token table, 1 + m an n-gram pool key of m tokens;
     #: ``ngram``: :func:`~vllm_specext.proposers.ngram.ngram_kind`; ``memory_decoding``:
-    #: :func:`~vllm_specext.proposers.memory_decoding.draft_kind`).
+    #: :func:`~vllm_specext.proposers.memory_decoding.draft_kind`; a rejected tail of
+    #: ``suffix`` or ``memory_decoding``:
+    #: :data:`~vllm_specext.proposers.rejected_tail.TAIL_KIND`, above every other kind).
     #: The adaptive controller tracks acceptance per request and kind. None: no kinds.
     last_kinds: list[int] | None = None
 

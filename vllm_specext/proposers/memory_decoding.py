@@ -679,7 +679,8 @@ class MemoryDecodingProposer(Proposer):
         (see :meth:`Proposer.propose`): one native call per request.
 
         Sets :attr:`last_kinds`: per row, :func:`draft_kind` of the candidate drafted
-        (copy or trie, and its match length); 0 for no draft."""
+        (copy or trie, and its match length), ``TAIL_KIND`` for a rejected tail, 0 for no
+        draft."""
         step, arena, cap0, hot = self._step, self.trie.arena, self._cap, self._hot
         out = []
         kinds = []

@@ -5,12 +5,16 @@ When verification rejects draft token ``d[a]`` and the target model emits its ow
 table: if ``t`` *replaced* ``d[a]`` (a one-token substitution, e.g. a synonym or a
 different digit), the text goes on as ``d[a+1:]``. Proposers that match the context
 against earlier text often find nothing right after such a correction, because the
-context now ends in a token sequence that never occurred before; drafting the tail
-costs nothing then. In teacher-forced replay (k = 8, the six files of
-``shared/traces``, steps where the proposer drafted nothing) it raised tau by
-+0.4% to +1.0% for ``suffix`` and +0.2% to +0.8% for ``memory_decoding``; using it
-instead of a weak draft of the proposer's own (first-token vote share < 0.5) lowered
-tau by 4% on Spec-Bench, so it is only a fallback.
+context now ends in a token sequence that never occurred before; the tail is drafted
+then. The first tail token is right about one time in ten, so the tail is cut short:
+the proposers' key ``rejected_tail`` (default 2) is its most tokens. Teacher-forced
+replay at k = 8 (Spec-Bench, MT-Bench, CNN/DM, OpenHands; ``vllm-specext replay
+--param rejected_tail=...``), against no tail: 2 tokens raised tau by +0.4% to +0.7%
+for ``suffix`` and ``memory_decoding`` with the replay's modelled speedup unchanged
+(-0.15% to +0.1%); the whole tail +0.4% to +1.0% tau, but 0.6-1.0 more wasted draft
+tokens per step and -1.0% to -1.9% modelled speedup. Using the tail instead of a weak
+draft of the proposer's own (first-token vote share < 0.5) lowered tau by 4% on
+Spec-Bench, so it is only a fallback.
 
 Rule (:func:`move_tail`), with ``d`` the last draft proposed for a request (the whole
 draft, also when adaptive speculation showed the engine a prefix of it) and ``c`` the
@@ -18,7 +22,8 @@ draft, also when adaptive speculation showed the engine a prefix of it) and ``c`
 is ``d[n:]``, whether ``c[n-1]`` equals ``d[n-1]`` (the draft so far was right) or replaced
 it; when ``c`` diverged from ``d`` earlier (e.g. a resync) there is no tail.
 
-A tail draft is capped like any draft and reported as kind :data:`TAIL_KIND` so that
+A tail draft is capped like any draft (and at ``rejected_tail`` tokens); a tree draft
+(offline replay) leaves no tail. It is reported as kind :data:`TAIL_KIND` so that
 adaptive speculation tracks its acceptance apart from the proposer's own kinds. Both
 proposers apply the rule inside their numba kernels (a Python-level version cost
 ``suffix`` about 1 µs per step on the project's VM), each keeping its last draft and the

@@ -22,7 +22,8 @@ greedy path scores best (sum of path probabilities). Here every matched suffix v
   the path probability, and only the voters that predicted it continue, one token deeper;
 * drafting stops at ``min(k, int(longest match * max_spec_factor + offset))`` tokens,
   when the path probability falls below ``min_token_prob``, or when no voter is left;
-* where the vote drafts nothing (no voter, or the first token below ``min_token_prob``),
+* where the vote drafts nothing (no voter, a budget of 0, or the first token below
+  ``min_token_prob``),
   the rest of the request's last draft past the token the target model replaced is
   drafted instead (``rejected_tail``; :mod:`~vllm_specext.proposers.rejected_tail`);
 * the draft's kind for adaptive speculation (``last_kinds``) is its longest match,
@@ -41,8 +42,8 @@ same vote distributions best-first by path probability.
 
 Measured (``benchmarks/suffix_vs_arctic.py``, k = 8, the six files of
 ``shared/traces``): with Arctic's own scoring rule this tree reproduced Arctic's tau
-(ties aside); voting at the same explicit parameters gives tau 1.003-1.019x Arctic's on
-every file, and voting is what lets the defaults of
+(ties aside); voting at the same explicit parameters (before ``rejected_tail``) gave tau
+1.003-1.019x Arctic's on every file, and voting is what lets the defaults of
 :class:`~vllm_specext.config.SuffixConfig` reach 1.15x on the OpenHands trace (the
 scoring rule at the same defaults: 1.10x). The learned local weight, against a fixed
 weight of 1, at the defaults: tau +1.0% Spec-Bench, +1.3% RAG, +0.6% CNN/DM, +0.3%
