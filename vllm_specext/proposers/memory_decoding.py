@@ -280,12 +280,11 @@ def _step(arena, rs, ctx_len, cap):
     one = np.int32(1 << _FP)
     last = rs[H_LAST]
     g0, q0 = -1, 0  # trie node of the new context's suffix, followed from the last draft
-    tail = 0  # tokens of the last draft's tail (rejected_tail), moved to the out region's front
+    nout = 0  # the last draft's length, still in the out region (rejected_tail)
     if last >= 0 and ctx_len > last:
         m_new = ctx_len - last
-        if rs[H_TAIL]:
-            tail = move_tail(rs, out, rs[H_NOUT], rs, toks + last, toks + ctx_len, rs[H_TAIL])
-        chosen = -1 if rs[H_KIND] == TAIL_KIND else rs[H_CHOSEN]
+        nout = rs[H_NOUT]
+        chosen = rs[H_CHOSEN]
         for c in range(rs[H_NCAND]):
             at = cinfo + _CINFO * c
             kind, order, ccap, src = rs[at], rs[at + 1], rs[at + 2], rs[at + 3]
@@ -335,8 +334,11 @@ def _step(arena, rs, ctx_len, cap):
         _set_info(rs, cinfo + _CINFO * nc, TRIE, min(q0, orders), cap, g0, q0)
         nc += 1
     rs[H_NCAND] = nc
-    if nc == 0:
-        return _draft_tail(rs, tail, cap)
+    if nc == 0:  # nothing found: the last draft's rejected tail, if it left one
+        nd = min(move_tail(rs, out, nout, rs, toks + last, toks + ctx_len, rs[H_TAIL]), cap)
+        rs[H_NOUT] = nd
+        rs[H_KIND] = TAIL_KIND if nd > 0 else 0
+        return nd
     # ---- choice: best decayed mean of matched tokens, prior by prompt_first
     prompt_first = rs[H_PROMPT_FIRST] != 0
     best = -1
@@ -370,20 +372,8 @@ def _step(arena, rs, ctx_len, cap):
         for i in range(nd):
             rs[out + i] = rs[toks + idx]
             idx = _copy_next(src, idx, ctx_len)
-    if nd == 0:
-        return _draft_tail(rs, tail, cap)
     rs[H_NOUT] = nd
-    rs[H_KIND] = draft_kind(rs[at], rs[at + 1])
-    return nd
-
-
-@nb.njit(cache=True, inline="always")
-def _draft_tail(rs, tail, cap):
-    """Draft the first ``min(tail, cap)`` tokens of the tail in the out region (kind
-    ``TAIL_KIND``) when nothing else was drafted; returns the draft length."""
-    nd = min(tail, cap)
-    rs[H_NOUT] = nd
-    rs[H_KIND] = TAIL_KIND if nd > 0 else 0
+    rs[H_KIND] = draft_kind(rs[at], rs[at + 1]) if nd > 0 else 0
     return nd
 
 

@@ -42,8 +42,9 @@ TAIL_KIND = 31
 @nb.njit(cache=True, inline="always")
 def move_tail(d, d0, nd, ctx, start, end, most):
     """The rule of the module docstring, in place: the last draft is ``d[d0:d0 + nd]``
-    (int32), the tokens committed since are ``ctx[start:end]``; the tail is moved to
-    ``d[d0:]``.
+    (int32), the tokens committed since are ``ctx[start:end]``; the tail's first (at most
+    ``most``) tokens are moved to ``d[d0:]``. Callers run it only in a step whose own draft
+    came out empty.
 
     Returns:
         The length of the tail's draft, at most ``most`` tokens (0: none).
@@ -54,6 +55,7 @@ def move_tail(d, d0, nd, ctx, start, end, most):
     for i in range(n - 1):
         if d[d0 + i] != ctx[start + i]:
             return 0
-    for i in range(nd - n):
+    m = min(nd - n, most)
+    for i in range(m):
         d[d0 + i] = d[d0 + n + i]
-    return min(nd - n, most)
+    return m

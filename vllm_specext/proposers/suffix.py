@@ -23,9 +23,9 @@ greedy path scores best (sum of path probabilities). Here every matched suffix v
 * drafting stops at ``min(k, int(longest match * max_spec_factor + offset))`` tokens,
   when the path probability falls below ``min_token_prob``, or when no voter is left;
 * where the vote drafts nothing (no voter, a budget of 0, or the first token below
-  ``min_token_prob``),
-  the rest of the request's last draft past the token the target model replaced is
-  drafted instead (``rejected_tail``; :mod:`~vllm_specext.proposers.rejected_tail`);
+  ``min_token_prob``), the rest of the request's last draft past the token the target
+  model replaced is drafted instead (``rejected_tail``;
+  :mod:`~vllm_specext.proposers.rejected_tail`);
 * the draft's kind for adaptive speculation (``last_kinds``) is its longest match,
   whether that match is the request's own, and how sure the first token's vote was
   (:func:`draft_kind`).
@@ -338,7 +338,6 @@ def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
         request tree, the first draft token's share of its vote, whether the draft is
         the tail)`` (without a voter the share is 0.0).
     """
-    tail = move_tail(last, 2, last[1], ltok, last[0], n_ctx, tail_tokens)
     nc, longest, local = collect_voters(lnodes, ltok, lseqs, act, n_ctx, gnodes, ghkeys,
                                         ghvals, gtok, gseqs, slot, gact, cand)
     budget = _budget(longest, max_tokens, factor, offset)
@@ -365,10 +364,11 @@ def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
         n += 1
         nc = advance(lnodes, lhkeys, lhvals, ltok, lseqs, gnodes, ghkeys, ghvals, gtok, gseqs,
                      cand, 0, nc, t, 0)
-    tailed = n == 0 and tail > 0
-    if tailed:
-        n = min(tail, max_tokens)
+    tailed = False
+    if n == 0:  # the vote found nothing: the last draft's rejected tail, if it left one
+        n = min(move_tail(last, 2, last[1], ltok, last[0], n_ctx, tail_tokens), max_tokens)
         out[:n] = last[2:2 + n]
+        tailed = n > 0
     last[0], last[1] = n_ctx, n
     last[2:2 + n] = out[:n]
     return n, stamp, longest, local, share, tailed
@@ -595,6 +595,5 @@ class SuffixProposer(Proposer):
     def state_nbytes(self) -> int:
         """Token buffers, request trees and the global cache, in bytes."""
         return (super().state_nbytes() + sum(r.nbytes for r in self._reqs.values())
-                + sum(v.nbytes + d.nbytes for v, d in zip(self._votes.values(),
-                                                           self._last.values()))
-                + self.global_cache.nbytes)
+                + sum(v.nbytes for v in self._votes.values())
+                + sum(d.nbytes for d in self._last.values()) + self.global_cache.nbytes)
