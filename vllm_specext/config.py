@@ -138,7 +138,7 @@ class SuffixConfig(MethodConfig):
     With all defaults, tau relative to ArcticInference at vLLM's defaults on the full
     files (``benchmarks/suffix_vs_arctic.py``, with ``rejected_tail`` 2): Spec-Bench 1.125x,
     CodeQwen 1.111x, MT-Bench 1.084x, RAG 1.204x, CNN/DM 1.129x, OpenHands 1.164x (without
-    it 1.121x, 1.106x, 1.077x, 1.199x, 1.123x, 1.155x). The price of factor 8.0 is draft
+    it, Spec-Bench 1.121x, OpenHands 1.155x, CNN/DM 1.123x). The price of factor 8.0 is draft
     length: 5.0-5.8 rejected draft tokens per step (5.2-6.0 with the tail), vs 1.0-1.6 for
     Arctic at vLLM's defaults.
     """
