@@ -343,12 +343,61 @@ def test_exploring_after_many_plain_steps_shows_one_full_draft():
         m.observe(2 + 4, 3.0, speculative=True)  # 2 rows + 4 drafts: 30x a plain step
     ids, drafts, kinds = ["a", "b"], [[1, 2, 3, 4], [5, 6]], [0, 0]
     for step in range(5):
-        assert not m.exploring
+        assert not m.exploring(6)
         assert shown_drafts(c, m, ids, drafts, kinds, 2) == [[], []]
         m.observe(2, 0.1)
-    assert m.exploring
+    assert m.exploring(6)
     assert shown_drafts(c, m, ids, drafts, kinds, 2) == [[1, 2, 3, 4], []]
-    assert not m.exploring  # counted again from here, timed or not (e.g. a prefill chunk)
+    assert not m.exploring(6)  # counted again from here, timed or not (e.g. a prefill chunk)
     c.observe("a", [1, 2, 3, 4, 9])
     m.observe(6, 0.11, speculative=True)
-    assert not m.exploring
+    assert not m.exploring(6)
+
+
+def test_a_size_priced_at_start_up_is_explored_while_short_drafts_verify():
+    """An engine's first steps ran slow (other engines starting): 9-token verified steps
+    at 0.45 s. Later one-token drafts keep verifying at 0.1 s, so some step verifies every
+    ``explore_every`` steps, but 9 tokens are not measured again: after
+    ``explore_size_every`` steps that size is explored, its one fresh step replaces the
+    stale mean, and the stale 4-token group no longer holds the curve up."""
+    m = StepCostModel(margin=1.5, explore_every=8, explore_size_every=8)
+    for _ in range(3):
+        m.observe(9, 0.45, speculative=True)
+        m.observe(4, 0.40, speculative=True)
+    c = DraftLengthController(k=8)
+    full = [[1, 2, 3, 4, 5, 6, 7, 8]]
+    explored = []
+    for step in range(40):
+        m.observe(1, 0.09)
+        m.observe(2, 0.10, speculative=True)
+        shown = shown_drafts(c, m, ["a"], [list(d) for d in full], [0], 1)
+        c.observe("a", [1, 2])
+        if len(shown[0]) == 8:
+            explored.append(step)
+            m.observe(9, 0.14, speculative=True)
+    assert explored and explored[0] < 8
+    assert m.step_time(9, speculative=True) == pytest.approx(0.14, rel=0.05)
+    assert m.step_time(4, speculative=True) < 0.14
+
+
+def test_a_stale_group_restarts_from_one_step():
+    """A group not observed for ``explore_every`` steps takes its next step's time when it
+    is more than 2x off (one is enough: it is measured only that rarely)."""
+    m = StepCostModel(buckets_per_octave=1, explore_every=10)
+    for _ in range(3):
+        m.observe(9, 1.0, speculative=True)
+    for _ in range(20):
+        m.observe(1, 0.1)
+    m.observe(9, 0.15, speculative=True)
+    assert m.step_time(9, speculative=True) == pytest.approx(0.15)
+
+
+def test_a_stale_out_of_order_size_is_dropped_not_pooled():
+    m = StepCostModel(buckets_per_octave=1, explore_every=10)
+    for _ in range(3):
+        m.observe(4, 0.40, speculative=True)  # measured long ago
+    for _ in range(30):
+        m.observe(1, 0.1)
+        m.observe(9, 0.15, speculative=True)
+    assert m.step_time(4, speculative=True) <= 0.15
+    assert m.step_time(9, speculative=True) == pytest.approx(0.15)

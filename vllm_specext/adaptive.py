@@ -239,10 +239,11 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     """The drafts one step shows, by the rule in the module docstring: each request's
     draft cut to its length (:meth:`DraftLengthController.trim`), then all of them
     withheld unless the batch's expected accepted tokens pay for their measured cost
-    (:meth:`StepCostModel.pays_off`); when the cost model is :attr:`~StepCostModel.exploring`,
-    a withheld step shows the full draft of the request expected to accept most, so that
-    what verifying costs is measured again. The vLLM adapter and the offline simulation
-    (``benchmarks/adaptive_replay.py``) both decide through this function.
+    (:meth:`StepCostModel.pays_off`); then the request expected to accept most gets its
+    full draft when the cost model is :meth:`~StepCostModel.exploring` the size that step
+    would have, so that what verifying it costs is measured again. The vLLM adapter and
+    the offline simulation (``benchmarks/adaptive_replay.py``) both decide through this
+    function.
 
     Args:
         controller, cost_model: the running estimates (updated elsewhere: the
@@ -264,14 +265,15 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     drafts = controller.trim(req_ids, drafts, threshold, kinds)
     expected = sum(controller.expected_accepted(rid, len(d), kind)
                    for rid, d, kind in zip(req_ids, drafts, kinds) if d)
-    if cost_model.pays_off(rows, expected, sum(map(len, drafts))):
-        return drafts
-    shown = controller.withhold(req_ids)
-    if cost_model.exploring and any(full):  # re-measure: the likeliest full draft
+    shown = (drafts if cost_model.pays_off(rows, expected, sum(map(len, drafts)))
+             else controller.withhold(req_ids))
+    if any(full):  # re-measure, when due: the likeliest full draft
         i = max((j for j in range(len(full)) if full[j]), key=lambda j: controller.
                 expected_accepted(req_ids[j], len(full[j]), kinds[j]))
-        shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
-        cost_model.explored()
+        tokens = rows + sum(map(len, shown)) - len(shown[i]) + len(full[i])
+        if len(shown[i]) < len(full[i]) and cost_model.exploring(tokens):
+            shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
+            cost_model.explored(tokens)
     return shown
 
 
@@ -298,7 +300,8 @@ class StepCostModel:
     of its top octave: optimism, so that a batch that never drafted at that size tries it
     and measures it. Below its smallest, ``V`` follows ``P`` plus the fixed cost measured
     there. Groups not observed for ``stale_steps`` steps are left out, so a region is
-    measured again once the machine or the workload may have changed.
+    measured again once the machine or the workload may have changed; one not observed for
+    ``explore_every`` steps gives way to newer measurements (see ``explore_every``).
 
     Args:
         margin: factor (>= 1) by which a draft's expected return must exceed its measured
@@ -312,6 +315,14 @@ class StepCostModel:
         explore: factor in (0, 1] on the extrapolated slope beyond the measured range.
         prior_slope_ratio: slope assumed, as a fraction of the step time per token, when
             a curve spans less than an octave (0.01: a memory-bound GPU step).
+        explore_every: decode steps without a verified step after which one draft is
+            verified anyway (:meth:`exploring`); also how long a group may go unobserved
+            before it counts as stale (its next step restarts it when more than 2x off;
+            it yields to newer groups it is out of order with).
+        explore_size_every: decode steps after which a token count whose verified steps
+            were neither measured nor explored is explored (one full draft). 64: offline
+            (``benchmarks/adaptive_replay.py``, mean ratio to ``vllm_ngram`` over its 20
+            cells) 32 cost ``suffix`` 1.045 -> 1.039, 64 1.044, 128 1.046.
 
     Raises:
         ValueError: a count argument below 1.
@@ -320,10 +331,11 @@ class StepCostModel:
     def __init__(self, margin: float = 1.0, buckets_per_octave: int = 4,
                  smoothing: float = 0.05, min_samples: int = 3, stale_steps: int = 1000,
                  explore: float = 0.5, prior_slope_ratio: float = 0.01,
-                 explore_every: int = 32):
+                 explore_every: int = 32, explore_size_every: int = 64):
         for name, value in (("buckets_per_octave", buckets_per_octave),
                             ("min_samples", min_samples), ("stale_steps", stale_steps),
-                            ("explore_every", explore_every)):
+                            ("explore_every", explore_every),
+                            ("explore_size_every", explore_size_every)):
             if value < 1:
                 raise ValueError(f"StepCostModel {name} must be >= 1, got {value}")
         self.margin = margin
@@ -334,8 +346,10 @@ class StepCostModel:
         self.explore = explore
         self.prior_slope_ratio = prior_slope_ratio
         self.explore_every = explore_every
+        self.explore_size_every = explore_size_every
         self._since_verified = 0  # decode steps observed since the last verified one
         self._groups: dict[tuple[int, bool], _StepGroup] = {}  # (bucket, verified) -> group
+        self._explored: dict[int, int] = {}  # bucket -> step of its last exploration
         self._steps = 0
         self._curves: dict[bool, tuple[list[float], list[float]]] | None = None  # cache
 
@@ -349,28 +363,46 @@ class StepCostModel:
             return
         self._steps += 1
         self._since_verified = 0 if speculative else self._since_verified + 1
-        key = (int(self.buckets_per_octave * math.log2(tokens)), bool(speculative))
+        key = (self._bucket(tokens), bool(speculative))
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _StepGroup()
-        group.add(float(tokens), float(seconds), self._steps, self.min_samples, self.smoothing)
+        group.add(float(tokens), float(seconds), self._steps, self.min_samples, self.smoothing,
+                  self.explore_every)
         self._curves = None
 
-    @property
-    def exploring(self) -> bool:
-        """Whether a step should verify drafts although the curves say it does not pay:
-        fitted, and no verified step among the last ``explore_every`` decode steps. The
-        curves only learn from steps that run, so without it a few slow verified steps
-        (one-time costs, another process's burst) would stop drafting for good: offline
-        (``benchmarks/adaptive_replay.py``'s sequence with its first 10 verified steps
-        timed 10x slower, scratch), every workload then ran at tau 1.00. Counted again
-        from an exploration (see :meth:`explored`), so a step that is not timed (a
-        prefill chunk in the batch) does not make every following step explore."""
-        return self._since_verified >= self.explore_every and self.fitted
+    def exploring(self, tokens: int) -> bool:
+        """Whether a step of ``tokens`` tokens should verify drafts although the curves
+        say it does not pay: fitted, and no verified step among the last
+        ``explore_every`` decode steps, or none of about ``tokens`` tokens (its group)
+        measured or explored among the last ``explore_size_every``. The curves only learn from steps that run, so
+        without it a few slow verified steps (one-time costs, another process's burst)
+        would stop drafting for good: offline (``benchmarks/adaptive_replay.py``'s
+        sequence with its first 10 verified steps timed 10x slower, scratch), every
+        workload then ran at tau 1.00; and in the e2e benchmark's batch-1 engines, whose
+        first steps ran at 0.3-0.5 s while the other engines started, one-token drafts
+        kept verifying (no step without them) while the full drafts' size stayed priced
+        at its start-up time, and ``suffix`` ran at tau 2.04 instead of 3.02 without
+        adaptation. Counted again from an exploration (see :meth:`explored`), so a step
+        that is not timed (a prefill chunk in the batch) does not make every following
+        step explore."""
+        if not self.fitted:
+            return False
+        if self._since_verified >= self.explore_every:
+            return True
+        key = self._bucket(tokens)
+        group = self._groups.get((key, True))
+        last = max(group.last if group is not None else 0, self._explored.get(key, 0))
+        return self._steps - last >= self.explore_size_every
 
-    def explored(self) -> None:
-        """A step is about to verify drafts because of :attr:`exploring`."""
+    def explored(self, tokens: int) -> None:
+        """A step of ``tokens`` tokens is about to verify drafts because of
+        :meth:`exploring`."""
         self._since_verified = 0
+        self._explored[self._bucket(tokens)] = self._steps
+
+    def _bucket(self, tokens: float) -> int:
+        return int(self.buckets_per_octave * math.log2(tokens))
 
     @property
     def fitted(self) -> bool:
@@ -384,11 +416,11 @@ class StepCostModel:
         if self._curves is None:
             self._curves = {}
             for kind in (False, True):
-                points = sorted((g.n, g.t, min(g.count, 1.0 / self.smoothing))
+                points = sorted((g.n, g.t, min(g.count, 1.0 / self.smoothing), g.last)
                                 for (_, verified), g in self._groups.items()
                                 if verified == kind and g.ready
                                 and self._steps - g.last < self.stale_steps)
-                self._curves[kind] = _isotonic(points)
+                self._curves[kind] = _isotonic(points, self.explore_every)
         return self._curves[speculative]
 
     def _on_curve(self, knots: tuple[list[float], list[float]], tokens: float) -> float:
@@ -490,7 +522,8 @@ class _StepGroup:
         return not self.first and self.count > 0
 
     def add(self, tokens: float, seconds: float, step: int, min_samples: int,
-            smoothing: float) -> None:
+            smoothing: float, stale_gap: int) -> None:
+        stale = step - self.last > stale_gap
         self.count += 1
         self.last = step
         if self.count <= min_samples:  # start from the median of the first steps
@@ -501,6 +534,10 @@ class _StepGroup:
             return
         if 0.5 * self.t <= seconds <= 2.0 * self.t:
             self.outliers = []
+        elif stale:  # not observed for a while (e.g. only when exploring): trust the step
+            self._start_from([(seconds, tokens)])
+            self.count, self.outliers = min_samples, []
+            return
         else:  # min_samples outliers in a row on one side: the time has moved, restart
             # (a time that keeps jumping between two levels is followed level by level)
             if self.outliers and (self.outliers[-1][0] > self.t) != (seconds > self.t):
@@ -523,14 +560,27 @@ class _StepGroup:
         self.n = sum(n for _, n in steps) / len(steps)
 
 
-def _isotonic(points: list[tuple[float, float, float]]) -> tuple[list[float], list[float]]:
-    """Non-decreasing fit of ``(x, y, weight)`` points sorted by x (pool adjacent
-    violators): returns the pooled blocks' weighted mean ``(xs, ys)``."""
-    blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w]
-    for x, y, w in points:
-        blocks.append([w * x, w * y, w])
-        while len(blocks) > 1 and blocks[-2][1] * blocks[-1][2] > blocks[-1][1] * blocks[-2][2]:
-            last = blocks.pop()
-            for i in range(3):
-                blocks[-1][i] += last[i]
+def _isotonic(points: list[tuple[float, float, float, int]],
+              stale_gap: int) -> tuple[list[float], list[float]]:
+    """Non-decreasing fit of ``(x, y, weight, last observed step)`` points sorted by x
+    (pool adjacent violators): returns the pooled blocks' weighted mean ``(xs, ys)``.
+
+    Of two blocks out of order, one last observed more than ``stale_gap`` steps before the
+    other is dropped instead of pooled: a size measured slow during an engine's first
+    steps (other engines starting on a 2-core CPU: 0.4-0.5 s verified steps, later 0.1 s)
+    and never drafted at again must not hold the curve above what newer steps measured."""
+    blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w, last]
+    for x, y, w, last in points:
+        block: list[float] | None = [w * x, w * y, w, last]
+        while blocks and blocks[-1][1] * block[2] > block[1] * blocks[-1][2]:
+            top = blocks[-1]
+            if top[3] - block[3] > stale_gap:  # the new point is stale: left out
+                block = None
+                break
+            blocks.pop()
+            if block[3] - top[3] <= stale_gap:  # neither is stale: pooled
+                block = [top[0] + block[0], top[1] + block[1], top[2] + block[2],
+                         max(top[3], block[3])]
+        if block is not None:
+            blocks.append(block)
     return [b[0] / b[2] for b in blocks], [b[1] / b[2] for b in blocks]
