@@ -4,6 +4,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vllm_specext.adaptive import DraftLengthController, StepCostModel, shown_drafts
 
@@ -343,15 +345,15 @@ def test_exploring_after_many_plain_steps_shows_one_full_draft():
         m.observe(2 + 4, 3.0, speculative=True)  # 2 rows + 4 drafts: 30x a plain step
     ids, drafts, kinds = ["a", "b"], [[1, 2, 3, 4], [5, 6]], [0, 0]
     for step in range(5):
-        assert not m.exploring(6)
+        assert not m.exploring
         assert shown_drafts(c, m, ids, drafts, kinds, 2) == [[], []]
         m.observe(2, 0.1)
-    assert m.exploring(6)
+    assert m.exploring
     assert shown_drafts(c, m, ids, drafts, kinds, 2) == [[1, 2, 3, 4], []]
-    assert not m.exploring(6)  # counted again from here, timed or not (e.g. a prefill chunk)
+    assert not m.exploring  # counted again from here, timed or not (e.g. a prefill chunk)
     c.observe("a", [1, 2, 3, 4, 9])
     m.observe(6, 0.11, speculative=True)
-    assert not m.exploring(6)
+    assert not m.exploring
 
 
 def test_a_size_priced_at_start_up_is_explored_while_short_drafts_verify():
@@ -380,16 +382,25 @@ def test_a_size_priced_at_start_up_is_explored_while_short_drafts_verify():
     assert m.step_time(4, speculative=True) < 0.14
 
 
-def test_a_stale_group_restarts_from_one_step():
-    """A group not observed for ``explore_every`` steps takes its next step's time when it
-    is more than 2x off (one is enough: it is measured only that rarely)."""
+def test_a_stale_verified_group_restarts_from_one_faster_step():
+    """A verified group not observed for ``explore_every`` steps takes its next step's
+    time when that is more than 2x faster (one is enough: it is measured that rarely);
+    a slower one, or a plain group, needs three in a row (interference only slows)."""
     m = StepCostModel(buckets_per_octave=1, explore_every=10)
     for _ in range(3):
         m.observe(9, 1.0, speculative=True)
+        m.observe(17, 0.2, speculative=True)
+        m.observe(1, 0.1)
     for _ in range(20):
         m.observe(1, 0.1)
     m.observe(9, 0.15, speculative=True)
     assert m.step_time(9, speculative=True) == pytest.approx(0.15)
+    m.observe(17, 0.9, speculative=True)  # stale, but slower: clamped, not restarted
+    assert m.step_time(17, speculative=True) < 0.3
+    for _ in range(20):
+        m.observe(9, 0.15, speculative=True)
+    m.observe(1, 0.3)  # the plain group is stale too: one slow step does not restart it
+    assert m.step_time(1) < 0.12
 
 
 def test_a_stale_out_of_order_size_is_dropped_not_pooled():
@@ -401,3 +412,14 @@ def test_a_stale_out_of_order_size_is_dropped_not_pooled():
         m.observe(9, 0.15, speculative=True)
     assert m.step_time(4, speculative=True) <= 0.15
     assert m.step_time(9, speculative=True) == pytest.approx(0.15)
+
+
+@given(st.lists(st.tuples(st.floats(1, 100), st.floats(0.01, 1.0), st.floats(0.5, 20),
+                          st.integers(0, 300)), min_size=1, max_size=12))
+def test_isotonic_fit_is_non_decreasing_and_never_empty(points):
+    from vllm_specext.adaptive import _isotonic
+
+    points.sort()
+    xs, ys = _isotonic(points, 32)
+    assert xs and all(b >= a * (1 - 1e-12) for a, b in zip(xs, xs[1:]))
+    assert all(b >= a * (1 - 1e-12) for a, b in zip(ys, ys[1:]))

@@ -239,9 +239,11 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     """The drafts one step shows, by the rule in the module docstring: each request's
     draft cut to its length (:meth:`DraftLengthController.trim`), then all of them
     withheld unless the batch's expected accepted tokens pay for their measured cost
-    (:meth:`StepCostModel.pays_off`); then the request expected to accept most gets its
-    full draft when the cost model is :meth:`~StepCostModel.exploring` the size that step
-    would have, so that what verifying it costs is measured again. The vLLM adapter and
+    (:meth:`StepCostModel.pays_off`). So that what verifying costs is measured again, a
+    withheld step shows the full draft of the request expected to accept most when the
+    cost model is :attr:`~StepCostModel.exploring`, and a step that shows drafts shows the
+    most-cut one in full when the size that step then has is
+    :meth:`~StepCostModel.unmeasured`. The vLLM adapter and
     the offline simulation (``benchmarks/adaptive_replay.py``) both decide through this
     function.
 
@@ -267,13 +269,20 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
                    for rid, d, kind in zip(req_ids, drafts, kinds) if d)
     shown = (drafts if cost_model.pays_off(rows, expected, sum(map(len, drafts)))
              else controller.withhold(req_ids))
-    if any(full):  # re-measure, when due: the likeliest full draft
+    if not any(full):
+        return shown
+    if any(shown):  # the step verifies anyway: the most-cut draft in full, when its size is due
+        i = max(range(len(full)), key=lambda j: len(full[j]) - len(shown[j]))
+        tokens = rows + sum(map(len, shown)) - len(shown[i]) + len(full[i])
+        due = len(shown[i]) < len(full[i]) and cost_model.unmeasured(tokens)
+    else:  # re-measure, when due: the likeliest full draft
         i = max((j for j in range(len(full)) if full[j]), key=lambda j: controller.
                 expected_accepted(req_ids[j], len(full[j]), kinds[j]))
-        tokens = rows + sum(map(len, shown)) - len(shown[i]) + len(full[i])
-        if len(shown[i]) < len(full[i]) and cost_model.exploring(tokens):
-            shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
-            cost_model.explored(tokens)
+        tokens = rows + len(full[i])
+        due = cost_model.exploring
+    if due:
+        shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
+        cost_model.explored(tokens)
     return shown
 
 
@@ -301,7 +310,8 @@ class StepCostModel:
     and measures it. Below its smallest, ``V`` follows ``P`` plus the fixed cost measured
     there. Groups not observed for ``stale_steps`` steps are left out, so a region is
     measured again once the machine or the workload may have changed; one not observed for
-    ``explore_every`` steps gives way to newer measurements (see ``explore_every``).
+    ``explore_every`` steps gives way to newer ones it is out of order with (see
+    ``explore_every``).
 
     Args:
         margin: factor (>= 1) by which a draft's expected return must exceed its measured
@@ -316,11 +326,13 @@ class StepCostModel:
         prior_slope_ratio: slope assumed, as a fraction of the step time per token, when
             a curve spans less than an octave (0.01: a memory-bound GPU step).
         explore_every: decode steps without a verified step after which one draft is
-            verified anyway (:meth:`exploring`); also how long a group may go unobserved
-            before it counts as stale (its next step restarts it when more than 2x off;
-            it yields to newer groups it is out of order with).
-        explore_size_every: decode steps after which a token count whose verified steps
-            were neither measured nor explored is explored (one full draft). 64: offline
+            verified anyway (:attr:`exploring`); also the age at which a group is stale:
+            a verified group unobserved that long restarts from its next step when that
+            is more than 2x faster, and a group out of order with one observed that much
+            later is left out of the curve.
+        explore_size_every: decode steps after which a size (a group's bucket) whose
+            verified steps were neither measured nor explored gets one full draft in a
+            step that verifies other drafts (:meth:`unmeasured`). 64: offline
             (``benchmarks/adaptive_replay.py``, mean ratio to ``vllm_ngram`` over its 20
             cells) 32 cost ``suffix`` 1.045 -> 1.039, 64 1.044, 128 1.046.
 
@@ -368,28 +380,31 @@ class StepCostModel:
         if group is None:
             group = self._groups[key] = _StepGroup()
         group.add(float(tokens), float(seconds), self._steps, self.min_samples, self.smoothing,
-                  self.explore_every)
+                  self.explore_every if speculative else None)
         self._curves = None
 
-    def exploring(self, tokens: int) -> bool:
-        """Whether a step of ``tokens`` tokens should verify drafts although the curves
-        say it does not pay: fitted, and no verified step among the last
-        ``explore_every`` decode steps, or none of about ``tokens`` tokens (its group)
-        measured or explored among the last ``explore_size_every``. The curves only learn from steps that run, so
-        without it a few slow verified steps (one-time costs, another process's burst)
-        would stop drafting for good: offline (``benchmarks/adaptive_replay.py``'s
-        sequence with its first 10 verified steps timed 10x slower, scratch), every
-        workload then ran at tau 1.00; and in the e2e benchmark's batch-1 engines, whose
-        first steps ran at 0.3-0.5 s while the other engines started, one-token drafts
-        kept verifying (no step without them) while the full drafts' size stayed priced
-        at its start-up time, and ``suffix`` ran at tau 2.04 instead of 3.02 without
-        adaptation. Counted again from an exploration (see :meth:`explored`), so a step
-        that is not timed (a prefill chunk in the batch) does not make every following
-        step explore."""
+    @property
+    def exploring(self) -> bool:
+        """Whether a step should verify drafts although the curves say it does not pay:
+        fitted, and no verified step among the last ``explore_every`` decode steps. The
+        curves only learn from steps that run, so without it a few slow verified steps
+        (one-time costs, another process's burst) would stop drafting for good: offline
+        (``benchmarks/adaptive_replay.py``'s sequence with its first 10 verified steps
+        timed 10x slower, scratch), every workload then ran at tau 1.00. Counted again
+        from an exploration (see :meth:`explored`), so a step that is not timed (a
+        prefill chunk in the batch) does not make every following step explore."""
+        return self._since_verified >= self.explore_every and self.fitted
+
+    def unmeasured(self, tokens: int) -> bool:
+        """Whether verified steps of about ``tokens`` tokens (their group) were neither
+        measured nor explored among the last ``explore_size_every`` decode steps (and the
+        model is fitted). Drafts that keep verifying at other sizes do not re-measure this
+        one: in the e2e benchmark's batch-1 engines, whose first steps ran at 0.3-0.5 s
+        while the other engines started, one- and two-token drafts kept verifying while
+        the full drafts' size stayed priced at its start-up time, and ``suffix`` ran
+        summarization at tau 2.04 against 3.02 without adaptation."""
         if not self.fitted:
             return False
-        if self._since_verified >= self.explore_every:
-            return True
         key = self._bucket(tokens)
         group = self._groups.get((key, True))
         last = max(group.last if group is not None else 0, self._explored.get(key, 0))
@@ -397,7 +412,7 @@ class StepCostModel:
 
     def explored(self, tokens: int) -> None:
         """A step of ``tokens`` tokens is about to verify drafts because of
-        :meth:`exploring`."""
+        :attr:`exploring` or :meth:`unmeasured`."""
         self._since_verified = 0
         self._explored[self._bucket(tokens)] = self._steps
 
@@ -522,8 +537,11 @@ class _StepGroup:
         return not self.first and self.count > 0
 
     def add(self, tokens: float, seconds: float, step: int, min_samples: int,
-            smoothing: float, stale_gap: int) -> None:
-        stale = step - self.last > stale_gap
+            smoothing: float, stale_gap: int | None) -> None:
+        """Add one step; ``stale_gap``: steps after which the group's mean is stale, so
+        that a step more than 2x faster restarts it at once (None: never; interference
+        only slows steps, so a slow one needs ``min_samples`` in a row)."""
+        stale = stale_gap is not None and step - self.last > stale_gap
         self.count += 1
         self.last = step
         if self.count <= min_samples:  # start from the median of the first steps
@@ -534,7 +552,7 @@ class _StepGroup:
             return
         if 0.5 * self.t <= seconds <= 2.0 * self.t:
             self.outliers = []
-        elif stale:  # not observed for a while (e.g. only when exploring): trust the step
+        elif stale and seconds < self.t:  # a faster step after a while: trust it
             self._start_from([(seconds, tokens)])
             self.count, self.outliers = min_samples, []
             return
@@ -565,22 +583,17 @@ def _isotonic(points: list[tuple[float, float, float, int]],
     """Non-decreasing fit of ``(x, y, weight, last observed step)`` points sorted by x
     (pool adjacent violators): returns the pooled blocks' weighted mean ``(xs, ys)``.
 
-    Of two blocks out of order, one last observed more than ``stale_gap`` steps before the
-    other is dropped instead of pooled: a size measured slow during an engine's first
-    steps (other engines starting on a 2-core CPU: 0.4-0.5 s verified steps, later 0.1 s)
-    and never drafted at again must not hold the curve above what newer steps measured."""
-    blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w, last]
-    for x, y, w, last in points:
-        block: list[float] | None = [w * x, w * y, w, last]
-        while blocks and blocks[-1][1] * block[2] > block[1] * blocks[-1][2]:
-            top = blocks[-1]
-            if top[3] - block[3] > stale_gap:  # the new point is stale: left out
-                block = None
-                break
-            blocks.pop()
-            if block[3] - top[3] <= stale_gap:  # neither is stale: pooled
-                block = [top[0] + block[0], top[1] + block[1], top[2] + block[2],
-                         max(top[3], block[3])]
-        if block is not None:
-            blocks.append(block)
+    A point out of order with one observed more than ``stale_gap`` steps after it is left
+    out first instead of pooled: a size measured slow during an engine's first steps
+    (other engines starting on a 2-core CPU: 0.4-0.5 s verified steps, later 0.14 s) and
+    not drafted at since must not hold the curve above what newer steps measured."""
+    kept = [p for p in points if not any(
+        q[3] - p[3] > stale_gap and (q[0] - p[0]) * (q[1] - p[1]) < 0 for q in points)]
+    blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w]
+    for x, y, w, _ in kept:
+        blocks.append([w * x, w * y, w])
+        while len(blocks) > 1 and blocks[-2][1] * blocks[-1][2] > blocks[-1][1] * blocks[-2][2]:
+            last = blocks.pop()
+            for i in range(3):
+                blocks[-1][i] += last[i]
     return [b[0] / b[2] for b in blocks], [b[1] / b[2] for b in blocks]
