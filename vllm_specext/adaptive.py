@@ -275,11 +275,12 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
         i = max(range(len(full)), key=lambda j: len(full[j]) - len(shown[j]))
         tokens = rows + sum(map(len, shown)) - len(shown[i]) + len(full[i])
         due = len(shown[i]) < len(full[i]) and cost_model.unmeasured(tokens)
-    else:  # re-measure, when due: the likeliest full draft
+    elif cost_model.exploring:  # re-measure: the likeliest full draft
         i = max((j for j in range(len(full)) if full[j]), key=lambda j: controller.
                 expected_accepted(req_ids[j], len(full[j]), kinds[j]))
-        tokens = rows + len(full[i])
-        due = cost_model.exploring
+        tokens, due = rows + len(full[i]), True
+    else:
+        return shown
     if due:
         shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
         cost_model.explored(tokens)
