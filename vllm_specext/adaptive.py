@@ -243,9 +243,8 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     withheld step shows the full draft of the request expected to accept most when the
     cost model is :attr:`~StepCostModel.exploring`, and a step that shows drafts shows the
     most-cut one in full when the size that step then has is
-    :meth:`~StepCostModel.unmeasured`. The vLLM adapter and
-    the offline simulation (``benchmarks/adaptive_replay.py``) both decide through this
-    function.
+    :meth:`~StepCostModel.unmeasured`. The vLLM adapter and the offline simulation
+    (``benchmarks/adaptive_replay.py``) both decide through this function.
 
     Args:
         controller, cost_model: the running estimates (updated elsewhere: the
@@ -269,21 +268,19 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
                    for rid, d, kind in zip(req_ids, drafts, kinds) if d)
     shown = (drafts if cost_model.pays_off(rows, expected, sum(map(len, drafts)))
              else controller.withhold(req_ids))
-    if not any(full):
-        return shown
     if any(shown):  # the step verifies anyway: the most-cut draft in full, when its size is due
         i = max(range(len(full)), key=lambda j: len(full[j]) - len(shown[j]))
         tokens = rows + sum(map(len, shown)) - len(shown[i]) + len(full[i])
-        due = len(shown[i]) < len(full[i]) and cost_model.unmeasured(tokens)
-    elif cost_model.exploring:  # re-measure: the likeliest full draft
+        if len(shown[i]) == len(full[i]) or not cost_model.unmeasured(tokens):
+            return shown
+    elif cost_model.exploring and any(full):  # re-measure: the likeliest full draft
         i = max((j for j in range(len(full)) if full[j]), key=lambda j: controller.
                 expected_accepted(req_ids[j], len(full[j]), kinds[j]))
-        tokens, due = rows + len(full[i]), True
+        tokens = rows + len(full[i])
     else:
         return shown
-    if due:
-        shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
-        cost_model.explored(tokens)
+    shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
+    cost_model.explored(tokens)
     return shown
 
 
@@ -588,7 +585,8 @@ def _isotonic(points: list[tuple[float, float, float, int]],
     out first instead of pooled: a size measured slow during an engine's first steps
     (other engines starting on a 2-core CPU: 0.4-0.5 s verified steps, later 0.14 s) and
     not drafted at since must not hold the curve above what newer steps measured."""
-    kept = [p for p in points if not any(
+    newest = max((p[3] for p in points), default=0)
+    kept = [p for p in points if newest - p[3] <= stale_gap or not any(
         q[3] - p[3] > stale_gap and (q[0] - p[0]) * (q[1] - p[1]) < 0 for q in points)]
     blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w]
     for x, y, w, _ in kept:

@@ -369,8 +369,9 @@ def draft_chain(lnodes, lhkeys, lhvals, ltok, lseqs, act, n_ctx,
         n = min(move_tail(last, 2, last[1], ltok, last[0], n_ctx, tail_tokens), max_tokens)
         out[:n] = last[2:2 + n]
         tailed = n > 0
+    else:
+        last[2:2 + n] = out[:n]
     last[0], last[1] = n_ctx, n
-    last[2:2 + n] = out[:n]
     return n, stamp, longest, local, share, tailed
 
 
