@@ -423,3 +423,29 @@ def test_isotonic_fit_is_non_decreasing_and_never_empty(points):
     xs, ys = _isotonic(points, 32)
     assert xs and all(b >= a * (1 - 1e-12) for a, b in zip(xs, xs[1:]))
     assert all(b >= a * (1 - 1e-12) for a, b in zip(ys, ys[1:]))
+
+
+def test_isotonic_drops_an_old_point_only_when_it_is_the_slower_one():
+    from vllm_specext.adaptive import _isotonic
+
+    # measured slow long ago at fewer tokens than a newer, faster size: left out
+    xs, _ = _isotonic([(4.0, 0.40, 3.0, 10), (9.0, 0.15, 20.0, 100)], 32)
+    assert xs == [9.0]
+    # an old fast size next to a newer slow one (interference only slows): pooled
+    xs, ys = _isotonic([(2.0, 0.30, 20.0, 100), (9.0, 0.14, 3.0, 50)], 32)
+    assert len(xs) == 1 and 0.14 < ys[0] < 0.30
+
+
+@pytest.mark.parametrize("make, key", [
+    (lambda: DraftLengthController(k=0), "k"),
+    (lambda: DraftLengthController(k=8, probe_every=0), "probe_every"),
+    (lambda: DraftLengthController(k=8, num_kinds=0), "num_kinds"),
+    (lambda: DraftLengthController(k=8, decay=1.0), "decay"),
+    (lambda: DraftLengthController(k=8, prior_weight=0.0), "prior_weight"),
+    (lambda: StepCostModel(smoothing=0.0), "smoothing"),
+    (lambda: StepCostModel(margin=0.5), "margin"),
+    (lambda: StepCostModel(explore=1.5), "explore"),
+])
+def test_out_of_range_arguments_are_named(make, key):
+    with pytest.raises(ValueError, match=rf"\b{key} must be"):
+        make()

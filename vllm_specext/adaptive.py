@@ -26,7 +26,14 @@ batch as a whole drafts only if its expected accepted tokens pay for the measure
 ``T(rows + D) - T(rows)`` of its ``D`` draft tokens (:meth:`StepCostModel.pays_off`);
 otherwise the step runs plain. A request whose drafts keep being withheld is drafted for
 only every few steps (:meth:`DraftLengthController.proposes`), so that speculation that does
-not pay stops costing the proposer's time too.
+not pay stops costing the proposer's time too. A step that verifies no draft although the
+curves say it should not is shown one now and then, so that what verifying costs is measured
+again (:func:`shown_drafts`).
+
+Before the cost model has a measurement (3 timed steps of one size and kind; only steps in
+which every request decodes are timed) every request drafts its full draft: the first
+steps measure what drafting costs. "Steps" in the counters below are such timed decode
+steps.
 """
 from __future__ import annotations
 
@@ -57,29 +64,42 @@ class DraftLengthController:
 
     Args:
         k: most draft tokens per step (>= 1).
-        decay: weight of a request's history per observation, in (0, 1); 0.8 forgets
-            within ~5 steps.
+        decay: weight of a request's history per trial, in (0, 1): a scored draft is
+            one first-token trial and one trial per further position it reached, so
+            with 0.8 a request's rates follow its last few drafts.
         prior_alpha: acceptance assumed before any observation, in (0, 1).
         prior_weight: ``w``, pseudo-observations of the all-request rates behind each
             request's estimates (> 0).
-        global_decay: weight of the all-request history per observation, in (0, 1).
+        global_decay: weight of the all-request history per trial, in (0, 1) (at a
+            large batch, hundreds of trials a step: the all-request rates follow the
+            last few steps).
         num_kinds: draft kinds told apart (``0 .. num_kinds - 1``; larger kinds share the
             last one).
-        idle_steps: after this many decode steps in a row whose drafts were withheld, a
-            request is drafted for (:meth:`proposes`) only every ``probe_every`` steps.
+        idle_steps: after this many decode steps (>= 0) in a row whose drafts were
+            withheld, a request is drafted for (:meth:`proposes`) only every
+            ``probe_every`` steps.
         probe_every: the probing period (>= 1) of an idle request; its shadow drafts
             then come that much more rarely, so a request whose acceptance returns
             recovers that much later (in steps).
+
+    Raises:
+        ValueError: an argument outside its range (the message names it).
     """
 
     def __init__(self, k: int, decay: float = 0.8, prior_alpha: float = 0.5,
                  prior_weight: float = 4.0, global_decay: float = 0.995, num_kinds: int = 32,
                  idle_steps: int = 8, probe_every: int = 4):
+        _check_ranges("DraftLengthController",
+                      (("k", k, 1), ("idle_steps", idle_steps, 0),
+                       ("probe_every", probe_every, 1), ("num_kinds", num_kinds, 1)),
+                      (("decay", decay), ("prior_alpha", prior_alpha),
+                       ("global_decay", global_decay)))
+        if not prior_weight > 0.0:
+            raise ValueError(f"DraftLengthController prior_weight must be > 0, got {prior_weight}")
         self.k = k
         self.idle_steps = idle_steps
         self.probe_every = probe_every
         self.decay = decay
-        self.prior_alpha = prior_alpha
         self.prior_weight = prior_weight
         self.global_decay = global_decay
         self.num_kinds = num_kinds
@@ -87,7 +107,7 @@ class DraftLengthController:
         self._all = {kind: [prior_alpha, 1.0, prior_alpha, 1.0] for kind in range(num_kinds)}
         self._stats: dict[str, dict[int, list[float]]] = {}  # request -> kind -> stats
         self._full_draft: dict[str, tuple[list[int], int]] = {}  # request -> (draft, kind)
-        self._shown: dict[str, int] = {}
+        self._shown: set[str] = set()  # requests whose last draft was shown (in part)
         self._idle: dict[str, int] = {}  # request -> decode steps in a row with drafts withheld
         # request -> drafts still being compared with committed tokens: (draft, kind, matched)
         self._scoring: dict[str, list[tuple[list[int], int, int]]] = {}
@@ -138,7 +158,10 @@ class DraftLengthController:
             kind = self._kind(kinds[i]) if kinds is not None else 0
             n = self.length(rid, threshold, kind) if draft else 0
             self._full_draft[rid] = (draft, kind)
-            self._shown[rid] = n
+            if n:
+                self._shown.add(rid)
+            else:
+                self._shown.discard(rid)
             out.append(draft[:n])
         return out
 
@@ -151,9 +174,7 @@ class DraftLengthController:
     def withhold(self, req_ids: Sequence[str]) -> list[list[int]]:
         """Show no draft this step (the full drafts from :meth:`trim` stay as shadow
         drafts); returns one empty draft per request."""
-        for rid in req_ids:
-            if rid in self._shown:
-                self._shown[rid] = 0
+        self._shown.difference_update(req_ids)
         return [[] for _ in req_ids]
 
     def observe(self, req_id: str, committed: Sequence[int]) -> None:
@@ -166,11 +187,18 @@ class DraftLengthController:
         commit. The first draft token is recorded at once; the further ones once the
         draft misses or runs out, so ``alpha2`` is measured on whole drafts even while
         drafts are withheld (a step without drafts commits one token).
+
+        Args:
+            req_id: the request.
+            committed: the tokens this step committed for it (accepted draft tokens and
+                the bonus token); empty when it did not decode this step, which drops
+                its last draft unscored.
         """
         draft, kind = self._full_draft.pop(req_id, ((), 0))
+        shown = req_id in self._shown
+        self._shown.discard(req_id)
         if not committed:
             return
-        shown = self._shown.pop(req_id, 0)
         idle = self._idle.get(req_id, 0)
         # idle: the proposer's drafts keep being withheld (not: it was asked, found nothing)
         self._idle[req_id] = 0 if shown or (self._asks(idle) and not draft) else idle + 1
@@ -225,12 +253,16 @@ class DraftLengthController:
         return idle < self.idle_steps or (idle - self.idle_steps) % self.probe_every == 0
 
     def forget(self, req_id: str) -> None:
-        """Drop the statistics of a finished request (drafts still being scored when it
-        ended keep only their first-token trial: counting their matched further positions
-        as hits lowered modelled tok/s offline by up to 5% in ``adaptive_replay.py``'s
-        4-prompt cells, e.g. ``suffix`` summarization ``slope`` 1.015 -> 0.980)."""
-        for table in (self._stats, self._full_draft, self._shown, self._idle, self._scoring):
+        """Drop everything kept for ``req_id``: when it finished, and when the engine's
+        view of its tokens no longer matches (preempted and resumed, or its id reused by
+        another request; the two are not told apart, so a resumed request starts again from
+        the all-request rates). Drafts still being scored when it ended keep only their
+        first-token trial (counting their matched further positions as hits lowered
+        modelled tok/s offline by up to 5% in ``adaptive_replay.py``'s 4-prompt cells,
+        e.g. ``suffix`` summarization ``slope`` 1.015 -> 0.980)."""
+        for table in (self._stats, self._full_draft, self._idle, self._scoring):
             table.pop(req_id, None)
+        self._shown.discard(req_id)
 
 
 def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
@@ -284,6 +316,20 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     return shown
 
 
+def _check_ranges(owner: str, least: Sequence[tuple[str, float, float]],
+                  fractions: Sequence[tuple[str, float]], upper_closed: bool = False) -> None:
+    """Raise ValueError naming ``owner``'s first argument out of range: ``least`` are
+    ``(name, value, smallest allowed)``, ``fractions`` ``(name, value)`` in (0, 1)
+    (``upper_closed``: in (0, 1])."""
+    for name, value, low in least:
+        if not value >= low:
+            raise ValueError(f"{owner} {name} must be >= {low}, got {value!r}")
+    for name, value in fractions:
+        if not (0.0 < value <= 1.0 if upper_closed else 0.0 < value < 1.0):
+            raise ValueError(f"{owner} {name} must be in (0, 1{']' if upper_closed else ')'}"
+                             f", got {value!r}")
+
+
 class StepCostModel:
     """Measured step time of the target over the tokens ``n`` a decode step schedules:
     two piecewise-linear curves, ``P(n)`` for plain steps and ``V(n)`` for steps that
@@ -335,19 +381,21 @@ class StepCostModel:
             cells) 32 cost ``suffix`` 1.045 -> 1.039, 64 1.044, 128 1.046.
 
     Raises:
-        ValueError: a count argument below 1.
+        ValueError: an argument outside its range (the message names it).
     """
 
     def __init__(self, margin: float = 1.0, buckets_per_octave: int = 4,
                  smoothing: float = 0.05, min_samples: int = 3, stale_steps: int = 1000,
                  explore: float = 0.5, prior_slope_ratio: float = 0.01,
                  explore_every: int = 32, explore_size_every: int = 64):
-        for name, value in (("buckets_per_octave", buckets_per_octave),
-                            ("min_samples", min_samples), ("stale_steps", stale_steps),
-                            ("explore_every", explore_every),
-                            ("explore_size_every", explore_size_every)):
-            if value < 1:
-                raise ValueError(f"StepCostModel {name} must be >= 1, got {value}")
+        _check_ranges("StepCostModel",
+                      tuple((name, value, 1) for name, value in (
+                          ("buckets_per_octave", buckets_per_octave),
+                          ("min_samples", min_samples), ("stale_steps", stale_steps),
+                          ("explore_every", explore_every),
+                          ("explore_size_every", explore_size_every)))
+                      + (("margin", margin, 1.0), ("prior_slope_ratio", prior_slope_ratio, 0.0)),
+                      (("smoothing", smoothing), ("explore", explore)), upper_closed=True)
         self.margin = margin
         self.buckets_per_octave = buckets_per_octave
         self.smoothing = smoothing
@@ -509,6 +557,10 @@ class StepCostModel:
             rows: requests decoding this step.
             expected_accepted: ``E``, expected accepted draft tokens over the batch.
             draft_tokens: ``D``, draft tokens that would be verified.
+
+        Returns:
+            The comparison; True before any measurement (the first steps measure what
+            drafting costs), False without draft tokens.
         """
         if draft_tokens <= 0:
             return False
@@ -581,13 +633,14 @@ def _isotonic(points: list[tuple[float, float, float, int]],
     """Non-decreasing fit of ``(x, y, weight, last observed step)`` points sorted by x
     (pool adjacent violators): returns the pooled blocks' weighted mean ``(xs, ys)``.
 
-    A point out of order with one observed more than ``stale_gap`` steps after it is left
-    out first instead of pooled: a size measured slow during an engine's first steps
-    (other engines starting on a 2-core CPU: 0.4-0.5 s verified steps, later 0.14 s) and
-    not drafted at since must not hold the curve above what newer steps measured."""
-    newest = max((p[3] for p in points), default=0)
-    kept = [p for p in points if newest - p[3] <= stale_gap or not any(
-        q[3] - p[3] > stale_gap and (q[0] - p[0]) * (q[1] - p[1]) < 0 for q in points)]
+    A point slower than one of more tokens observed more than ``stale_gap`` steps after it
+    is left out first instead of pooled: a size measured slow during an engine's first
+    steps (other engines starting on a 2-core CPU: 0.4-0.5 s verified steps, later 0.14 s)
+    and not drafted at since must not hold the curve above what newer steps measured. The
+    older point of an out-of-order pair is dropped only when it is the slower one
+    (interference only slows steps): a newer slow point at fewer tokens is pooled."""
+    kept = [p for p in points if not any(
+        q[3] - p[3] > stale_gap and q[0] > p[0] and q[1] < p[1] for q in points)]
     blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w]
     for x, y, w, _ in kept:
         blocks.append([w * x, w * y, w])

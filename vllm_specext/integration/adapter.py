@@ -90,7 +90,7 @@ class SpecExtProposer:
         self.controller = (DraftLengthController(self.k, decay=self.config["adaptive_decay"])
                            if self.config.get("adaptive", True) else None)
         self.fixed_threshold = self.config.get("adaptive_threshold")
-        self.cost_model = StepCostModel(margin=self.config.get("adaptive_margin", 1.0))
+        self.cost_model = StepCostModel(margin=self.config["adaptive_margin"])
         self._step: tuple[float, int, bool] | None = None  # (start, tokens, drafted)
         self._initial_keys = {name: set(d) for name, d in self._tables().items()}  # debug_state
 
@@ -224,7 +224,7 @@ class SpecExtProposer:
             caps = [min(c, budget) for c in self._sync(req_ids, sampled, num_tokens, token_ids)]
             if self._fault and any(self._fault in (rid or "") for rid in req_ids):
                 raise RuntimeError(f"{FAULT_ENV}={self._fault!r}: injected proposer failure")
-            rows = sum(1 for c in caps if c > 0)  # requests decoding this step
+            rows = sum(1 for new in sampled if len(new))  # requests decoding this step
             if self.controller is not None:  # long-withheld requests only probe
                 caps = [c if c > 0 and self.controller.proposes(rid) else 0
                         for rid, c in zip(req_ids, caps)]
