@@ -69,6 +69,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,10 +175,15 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                   batch_sizes: list[int], batch1_prompts: int, max_tokens: int, rounds: int,
                   dtype: str, timeout: float, engines_at_once: int = 4,
                   kv_cache_gib: int = 1, slices: float | None = None,
-                  batch_units: int = 1) -> tuple[list[dict], list[dict]]:
+                  batch_units: int = 1,
+                  on_group: Callable[[list[dict], list[dict]], None] | None = None
+                  ) -> tuple[list[dict], list[dict]]:
     """Run every (round, batch size, group of configurations) with the group's engines
     alive at once (fresh engines per round and batch size), interleaved unit by unit, or
     ``slices`` seconds of engine time at a time (see :func:`_run_group`).
+
+    ``on_group(runs, errors)`` is called after every group with the results so far (the
+    CLI writes them out, so a run stopped part-way keeps its finished groups).
 
     Returns:
         ``(runs, errors)``: one run per (round, batch, config, workload) with the cell's
@@ -198,6 +204,8 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                 if isinstance(cells, str):  # keep the other groups' results
                     errors.append({"round": rnd, "batch": batch, "config": "+".join(group),
                                    "error": cells})
+                    if on_group is not None:
+                        on_group(runs, errors)
                     continue
                 for w in workloads:
                     base = cells[("none", w)]
@@ -213,6 +221,8 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                                           for w in workloads) for name in group)
                 print(f"{label}: {time.perf_counter() - start:5.0f} s  tok/s {rates}",
                       flush=True)
+                if on_group is not None:
+                    on_group(runs, errors)
     return runs, errors
 
 
@@ -413,6 +423,19 @@ def _version(*dists: str) -> str | None:
     return None
 
 
+def write_results(path: Path, meta: dict, configs: list[str], runs: list[dict],
+                  errors: list[dict], partial: bool) -> list[dict]:
+    """Write the JSON of ``runs`` so far to ``path`` (``meta["partial"]``: groups are still
+    to run) and return their summary rows (:func:`summarize`)."""
+    rows = summarize(runs, configs)
+    with open(path, "w") as f:
+        json.dump({"meta": {**meta, "partial": partial}, "summary": rows, "errors": errors,
+                   "runs": [{key: v for key, v in r.items()
+                             if key not in ("token_ids", "base_token_ids")} for r in runs]},
+                  f, indent=1)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -481,17 +504,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.slices is not None and args.slices <= 0:
         sys.exit(f"--slices must be > 0 seconds, got {args.slices}")
     os.environ.update(MALLOC_ENV)
-    runs, errors = run_benchmark(configs, workloads, batch_sizes, args.batch1_prompts,
-                                 max_tokens, rounds, args.dtype, args.timeout,
-                                 args.engines_at_once, args.kv_cache_gib, args.slices,
-                                 args.batch_units)
-    rows = summarize(runs, list(configs))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"meta": meta, "summary": rows, "errors": errors,
-                   "runs": [{key: v for key, v in r.items()
-                             if key not in ("token_ids", "base_token_ids")} for r in runs]},
-                  f, indent=1)
+    runs, errors = run_benchmark(
+        configs, workloads, batch_sizes, args.batch1_prompts, max_tokens, rounds, args.dtype,
+        args.timeout, args.engines_at_once, args.kv_cache_gib, args.slices, args.batch_units,
+        on_group=lambda r, e: write_results(args.out, meta, list(configs), r, e, partial=True))
+    rows = write_results(args.out, meta, list(configs), runs, errors, partial=False)
     chart = args.out.with_suffix(".png")
     if rows:
         plot(rows, chart, f"vLLM {meta['vllm']}, SmolLM2-135M, {args.dtype}, k={k}, "

@@ -67,3 +67,20 @@ def test_summary_pairs_each_configuration_with_its_groups_none(e2e):
     assert rows["a"]["ttft_ratio"] == pytest.approx(2.0)
     assert (rows["a"]["identical"], rows["b"]["identical"]) == (2, 0)
     assert rows["none"]["speedup"] == 1.0 and rows["none"]["measurements"] == 2
+
+
+def test_results_written_after_each_group_say_whether_groups_are_left(e2e, tmp_path):
+    import json
+
+    run = {"round": 0, "batch": 1, "workload": "summarization", "config": "none",
+           "group": ["none"], "tokens_per_s": 10.0, "base_tokens_per_s": 10.0,
+           "ttft_s": [0.1], "base_ttft_s": [0.1], "tpot_s": [0.01], "tau": 1.0,
+           "mean_acceptance_length": 1.0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+           "token_ids": [[1, 2]], "base_token_ids": [[1, 2]]}
+    out = tmp_path / "e2e.json"
+    rows = e2e.write_results(out, {"k": 8}, ["none"], [run], [], partial=True)
+    data = json.loads(out.read_text())
+    assert data["meta"] == {"k": 8, "partial": True} and data["summary"] == rows
+    assert "token_ids" not in data["runs"][0] and data["runs"][0]["tokens_per_s"] == 10.0
+    e2e.write_results(out, {"k": 8}, ["none"], [run], [], partial=False)
+    assert json.loads(out.read_text())["meta"]["partial"] is False
