@@ -90,7 +90,7 @@ class SpecExtProposer:
         self.controller = (DraftLengthController(self.k, decay=self.config["adaptive_decay"])
                            if self.config.get("adaptive", True) else None)
         self.fixed_threshold = self.config.get("adaptive_threshold")
-        self.cost_model = StepCostModel(margin=self.config["adaptive_margin"])
+        self.cost_model = StepCostModel(margin=self.config.get("adaptive_margin", 1.0))
         self._step: tuple[float, int, bool] | None = None  # (start, tokens, drafted)
         self._initial_keys = {name: set(d) for name, d in self._tables().items()}  # debug_state
 
