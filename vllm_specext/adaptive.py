@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from typing import Any
 
 
 class DraftLengthController:
@@ -89,13 +90,14 @@ class DraftLengthController:
     def __init__(self, k: int, decay: float = 0.8, prior_alpha: float = 0.5,
                  prior_weight: float = 4.0, global_decay: float = 0.995, num_kinds: int = 32,
                  idle_steps: int = 8, probe_every: int = 4):
-        _check_ranges("DraftLengthController",
-                      (("k", k, 1), ("idle_steps", idle_steps, 0),
-                       ("probe_every", probe_every, 1), ("num_kinds", num_kinds, 1)),
-                      (("decay", decay), ("prior_alpha", prior_alpha),
-                       ("global_decay", global_decay)))
-        if not prior_weight > 0.0:
-            raise ValueError(f"DraftLengthController prior_weight must be > 0, got {prior_weight}")
+        _check("DraftLengthController", (
+            ("k", k, k >= 1, ">= 1"), ("idle_steps", idle_steps, idle_steps >= 0, ">= 0"),
+            ("probe_every", probe_every, probe_every >= 1, ">= 1"),
+            ("num_kinds", num_kinds, num_kinds >= 1, ">= 1"),
+            ("decay", decay, 0.0 < decay < 1.0, "in (0, 1)"),
+            ("prior_alpha", prior_alpha, 0.0 < prior_alpha < 1.0, "in (0, 1)"),
+            ("global_decay", global_decay, 0.0 < global_decay < 1.0, "in (0, 1)"),
+            ("prior_weight", prior_weight, prior_weight > 0.0, "> 0")))
         self.k = k
         self.idle_steps = idle_steps
         self.probe_every = probe_every
@@ -316,18 +318,12 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     return shown
 
 
-def _check_ranges(owner: str, least: Sequence[tuple[str, float, float]],
-                  fractions: Sequence[tuple[str, float]], upper_closed: bool = False) -> None:
-    """Raise ValueError naming ``owner``'s first argument out of range: ``least`` are
-    ``(name, value, smallest allowed)``, ``fractions`` ``(name, value)`` in (0, 1)
-    (``upper_closed``: in (0, 1])."""
-    for name, value, low in least:
-        if not value >= low:
-            raise ValueError(f"{owner} {name} must be >= {low}, got {value!r}")
-    for name, value in fractions:
-        if not (0.0 < value <= 1.0 if upper_closed else 0.0 < value < 1.0):
-            raise ValueError(f"{owner} {name} must be in (0, 1{']' if upper_closed else ')'}"
-                             f", got {value!r}")
+def _check(owner: str, checks: Sequence[tuple[str, Any, bool, str]]) -> None:
+    """Raise ValueError naming ``owner``'s first argument whose check failed; ``checks``
+    are ``(name, value, passed, allowed range in words)``."""
+    for name, value, passed, allowed in checks:
+        if not passed:
+            raise ValueError(f"{owner} {name} must be {allowed}, got {value!r}")
 
 
 class StepCostModel:
@@ -388,14 +384,15 @@ class StepCostModel:
                  smoothing: float = 0.05, min_samples: int = 3, stale_steps: int = 1000,
                  explore: float = 0.5, prior_slope_ratio: float = 0.01,
                  explore_every: int = 32, explore_size_every: int = 64):
-        _check_ranges("StepCostModel",
-                      tuple((name, value, 1) for name, value in (
-                          ("buckets_per_octave", buckets_per_octave),
-                          ("min_samples", min_samples), ("stale_steps", stale_steps),
-                          ("explore_every", explore_every),
-                          ("explore_size_every", explore_size_every)))
-                      + (("margin", margin, 1.0), ("prior_slope_ratio", prior_slope_ratio, 0.0)),
-                      (("smoothing", smoothing), ("explore", explore)), upper_closed=True)
+        _check("StepCostModel", tuple(
+            (name, value, value >= 1, ">= 1") for name, value in (
+                ("buckets_per_octave", buckets_per_octave), ("min_samples", min_samples),
+                ("stale_steps", stale_steps), ("explore_every", explore_every),
+                ("explore_size_every", explore_size_every))) + (
+            ("margin", margin, margin >= 1.0, ">= 1"),
+            ("prior_slope_ratio", prior_slope_ratio, prior_slope_ratio >= 0.0, ">= 0"),
+            ("smoothing", smoothing, 0.0 < smoothing <= 1.0, "in (0, 1]"),
+            ("explore", explore, 0.0 < explore <= 1.0, "in (0, 1]")))
         self.margin = margin
         self.buckets_per_octave = buckets_per_octave
         self.smoothing = smoothing
