@@ -356,6 +356,39 @@ def test_exploring_after_many_plain_steps_shows_one_full_draft():
     assert not m.exploring
 
 
+def test_a_plain_step_is_timed_when_only_verified_steps_were():
+    """A proposer that drafts at every step never runs a plain step: without one the cost
+    model borrowed ``P`` from ``V`` and priced drafting at zero for good. A step whose
+    drafts promise little runs plain instead (at most ``2 * min_samples`` such steps until
+    a plain one is timed; steps with prefill chunks are not timed)."""
+    m = StepCostModel(margin=1.5)
+    c = DraftLengthController(k=8, prior_alpha=0.05)  # guesses: rarely accepted
+    for _ in range(3):
+        m.observe(9, 1.5, speculative=True)
+    assert m.fitted and m.plain_unmeasured
+    assert m.draft_cost(1, 8) == 0.0  # the borrowed P: drafting looks free
+    for _ in range(6):
+        assert shown_drafts(c, m, ["a"], [list(range(8))], [0], 1) == [[]]
+        c.observe("a", [99])
+    assert not m.plain_unmeasured  # the steps were never timed: stop asking
+    assert shown_drafts(c, m, ["a"], [list(range(8))], [0], 1) == [list(range(8))]
+    c.observe("a", [99])
+    for _ in range(3):  # timed plain steps: drafting is priced, the guess withheld
+        m.observe(1, 1.0)
+    assert not m.plain_unmeasured and m.draft_cost(1, 8) == pytest.approx(0.5)
+    assert shown_drafts(c, m, ["a"], [list(range(8))], [0], 1) == [[]]
+
+
+def test_a_promising_draft_is_not_withheld_to_time_a_plain_step():
+    m = StepCostModel()
+    c = DraftLengthController(k=8, prior_alpha=0.9)
+    for _ in range(3):
+        m.observe(9, 1.5, speculative=True)
+    assert m.plain_unmeasured
+    assert shown_drafts(c, m, ["a"], [list(range(8))], [0], 1) == [list(range(8))]
+    assert m.plain_unmeasured  # still to be timed, at a step whose drafts promise little
+
+
 def test_a_size_priced_at_start_up_is_explored_while_short_drafts_verify():
     """An engine's first steps ran slow (other engines starting): 9-token verified steps
     at 0.45 s. Later one-token drafts keep verifying at 0.1 s, so some step verifies every

@@ -32,8 +32,10 @@ again (:func:`shown_drafts`).
 
 Before the cost model has a measurement (3 timed steps of one size and kind; only steps in
 which every request decodes are timed) every request drafts its full draft: the first
-steps measure what drafting costs. "Steps" in the counters below are such timed decode
-steps.
+steps measure what drafting costs. Once verified steps are measured but no plain one is,
+a step whose drafts promise less than half a token per request runs plain, so that the
+price of drafting is not read off the verified curve alone (:attr:`StepCostModel.
+plain_unmeasured`). "Steps" in the counters below are such timed decode steps.
 """
 from __future__ import annotations
 
@@ -267,6 +269,11 @@ class DraftLengthController:
         self._shown.discard(req_id)
 
 
+#: a step is run plain to time one (:attr:`StepCostModel.plain_unmeasured`) only when its
+#: drafts are expected to accept fewer than this many tokens per decoding request
+PLAIN_PROBE_EXPECTED = 0.5
+
+
 def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
                  req_ids: Sequence[str], drafts: list[list[int]], kinds: Sequence[int],
                  rows: int, fixed_threshold: float | None = None) -> list[list[int]]:
@@ -300,6 +307,9 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     drafts = controller.trim(req_ids, drafts, threshold, kinds)
     expected = sum(controller.expected_accepted(rid, len(d), kind)
                    for rid, d, kind in zip(req_ids, drafts, kinds) if d)
+    if any(drafts) and expected < PLAIN_PROBE_EXPECTED * rows and cost_model.plain_unmeasured:
+        cost_model.probed_plain()  # time a plain step where the drafts promise little
+        return controller.withhold(req_ids)
     shown = (drafts if cost_model.pays_off(rows, expected, sum(map(len, drafts)))
              else controller.withhold(req_ids))
     if any(shown):  # the step verifies anyway: the most-cut draft in full, when its size is due
@@ -403,6 +413,7 @@ class StepCostModel:
         self.explore_every = explore_every
         self.explore_size_every = explore_size_every
         self._since_verified = 0  # decode steps observed since the last verified one
+        self._plain_probes = 0  # steps withheld to time a plain one since the last one timed
         self._groups: dict[tuple[int, bool], _StepGroup] = {}  # (bucket, verified) -> group
         self._explored: dict[int, int] = {}  # bucket -> step of its last exploration
         self._steps = 0
@@ -418,6 +429,8 @@ class StepCostModel:
             return
         self._steps += 1
         self._since_verified = 0 if speculative else self._since_verified + 1
+        if not speculative:
+            self._plain_probes = 0
         key = (self._bucket(tokens), bool(speculative))
         group = self._groups.get(key)
         if group is None:
@@ -437,6 +450,25 @@ class StepCostModel:
         from an exploration (see :meth:`explored`), so a step that is not timed (a
         prefill chunk in the batch) does not make every following step explore."""
         return self._since_verified >= self.explore_every and self.fitted
+
+    @property
+    def plain_unmeasured(self) -> bool:
+        """Whether the next step should run plain (show no draft) so that a plain step is
+        timed: verified steps are measured but no plain step counts (none timed yet, or
+        none within ``stale_steps``), and fewer than ``2 * min_samples`` steps were
+        withheld for it since the last plain step timed (a step with a prefill chunk is
+        not timed; under such a load the model stops asking). Without ``P`` the cost model
+        borrows it from ``V``, which prices drafting at zero: a proposer that drafts at
+        every step (``lookahead`` always guesses) then never runs a plain step and keeps
+        showing every draft. Offline (``benchmarks/adaptive_replay.py``, scratch) that
+        held for the whole first workload after the warm-up: ``lookahead`` showed 19
+        Jacobi guesses of 5 tokens there (0 accepted)."""
+        return (self._plain_probes < 2 * self.min_samples and not self._knots(False)[0]
+                and bool(self._knots(True)[0]))
+
+    def probed_plain(self) -> None:
+        """A step is about to run plain because of :attr:`plain_unmeasured`."""
+        self._plain_probes += 1
 
     def unmeasured(self, tokens: int) -> bool:
         """Whether verified steps of about ``tokens`` tokens (their group) were neither
