@@ -356,36 +356,61 @@ def test_exploring_after_many_plain_steps_shows_one_full_draft():
     assert not m.exploring
 
 
+def _verified_only(**kwargs) -> StepCostModel:
+    m = StepCostModel(margin=1.5, **kwargs)
+    for _ in range(3):
+        m.observe(9, 1.5, speculative=True)
+    return m
+
+
 def test_a_plain_step_is_timed_when_only_verified_steps_were():
     """A proposer that drafts at every step never runs a plain step: without one the cost
     model borrowed ``P`` from ``V`` and priced drafting at zero for good. A step whose
-    drafts promise little runs plain instead (at most ``2 * min_samples`` such steps until
-    a plain one is timed; steps with prefill chunks are not timed)."""
-    m = StepCostModel(margin=1.5)
+    drafts promise little runs plain instead, until ``min_samples`` plain steps are timed;
+    then drafting is priced and a poor guess is withheld by its length rule."""
+    m = _verified_only()
     c = DraftLengthController(k=8, prior_alpha=0.05)  # guesses: rarely accepted
-    for _ in range(3):
-        m.observe(9, 1.5, speculative=True)
+    guess = [list(range(8))]
     assert m.fitted and m.plain_unmeasured
     assert m.draft_cost(1, 8) == 0.0  # the borrowed P: drafting looks free
-    for _ in range(6):
-        assert shown_drafts(c, m, ["a"], [list(range(8))], [0], 1) == [[]]
+    for step in range(3):
+        assert m.plain_unmeasured
+        assert shown_drafts(c, m, ["a"], guess, [0], 1) == [[]]
         c.observe("a", [99])
-    assert not m.plain_unmeasured  # the steps were never timed: stop asking
-    assert shown_drafts(c, m, ["a"], [list(range(8))], [0], 1) == [list(range(8))]
-    c.observe("a", [99])
-    for _ in range(3):  # timed plain steps: drafting is priced, the guess withheld
-        m.observe(1, 1.0)
+        m.observe(1, 1.0)  # the probe step, timed: plain
     assert not m.plain_unmeasured and m.draft_cost(1, 8) == pytest.approx(0.5)
-    assert shown_drafts(c, m, ["a"], [list(range(8))], [0], 1) == [[]]
+    assert shown_drafts(c, m, ["a"], guess, [0], 1) == [[]]
+    assert not m.plain_unmeasured
 
 
-def test_a_promising_draft_is_not_withheld_to_time_a_plain_step():
-    m = StepCostModel()
-    c = DraftLengthController(k=8, prior_alpha=0.9)
-    for _ in range(3):
+def test_plain_probes_pause_when_untimed_and_resume_later():
+    """Probe steps that carry a prefill chunk are not timed: after ``2 * min_samples`` of
+    them drafts are shown again (priced as before), and ``explore_every`` timed decode
+    steps later the probes resume."""
+    m = _verified_only(explore_every=5)
+    c = DraftLengthController(k=8, prior_alpha=0.05)
+    guess = [list(range(8))]
+    for _ in range(6):
+        assert shown_drafts(c, m, ["a"], guess, [0], 1) == [[]]
+        c.observe("a", [99])
+    assert not m.plain_unmeasured
+    for _ in range(5):  # drafting at zero price, timed verified steps
+        assert shown_drafts(c, m, ["a"], guess, [0], 1) == guess
+        c.observe("a", [99])
         m.observe(9, 1.5, speculative=True)
     assert m.plain_unmeasured
-    assert shown_drafts(c, m, ["a"], [list(range(8))], [0], 1) == [list(range(8))]
+    assert shown_drafts(c, m, ["a"], guess, [0], 1) == [[]]
+
+
+def test_no_plain_probe_while_a_row_prefills_or_drafts_promise_much():
+    """A step with a row that does not decode is not timed, so it is no probe; nor is a
+    step whose drafts promise at least half a token per row."""
+    m = _verified_only()
+    weak = DraftLengthController(k=8, prior_alpha=0.05)
+    drafts = [list(range(8)), []]
+    assert shown_drafts(weak, m, ["a", "b"], drafts, [0, 0], 1) == drafts  # b prefills
+    strong = DraftLengthController(k=8, prior_alpha=0.9)
+    assert shown_drafts(strong, m, ["a"], [list(range(8))], [0], 1) == [list(range(8))]
     assert m.plain_unmeasured  # still to be timed, at a step whose drafts promise little
 
 

@@ -33,9 +33,10 @@ again (:func:`shown_drafts`).
 Before the cost model has a measurement (3 timed steps of one size and kind; only steps in
 which every request decodes are timed) every request drafts its full draft: the first
 steps measure what drafting costs. Once verified steps are measured but no plain one is,
-a step whose drafts promise less than half a token per request runs plain, so that the
-price of drafting is not read off the verified curve alone (:attr:`StepCostModel.
-plain_unmeasured`). "Steps" in the counters below are such timed decode steps.
+a step in which every request decodes and whose drafts promise less than half a token per
+request runs plain, so that the price of drafting is not read off the verified curve alone
+(:attr:`StepCostModel.plain_unmeasured`, which also bounds those steps). "Steps" in the
+counters below are such timed decode steps.
 """
 from __future__ import annotations
 
@@ -269,8 +270,8 @@ class DraftLengthController:
         self._shown.discard(req_id)
 
 
-#: a step is run plain to time one (:attr:`StepCostModel.plain_unmeasured`) only when its
-#: drafts are expected to accept fewer than this many tokens per decoding request
+#: a step is run plain to time one (:attr:`StepCostModel.plain_unmeasured`) only when every
+#: row decodes and its drafts are expected to accept fewer than this many tokens per row
 PLAIN_PROBE_EXPECTED = 0.5
 
 
@@ -307,7 +308,8 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     drafts = controller.trim(req_ids, drafts, threshold, kinds)
     expected = sum(controller.expected_accepted(rid, len(d), kind)
                    for rid, d, kind in zip(req_ids, drafts, kinds) if d)
-    if any(drafts) and expected < PLAIN_PROBE_EXPECTED * rows and cost_model.plain_unmeasured:
+    if (rows == len(req_ids) and any(drafts) and expected < PLAIN_PROBE_EXPECTED * rows
+            and cost_model.plain_unmeasured):  # every row decodes: the step will be timed
         cost_model.probed_plain()  # time a plain step where the drafts promise little
         return controller.withhold(req_ids)
     shown = (drafts if cost_model.pays_off(rows, expected, sum(map(len, drafts)))
@@ -414,6 +416,7 @@ class StepCostModel:
         self.explore_size_every = explore_size_every
         self._since_verified = 0  # decode steps observed since the last verified one
         self._plain_probes = 0  # steps withheld to time a plain one since the last one timed
+        self._probes_began = 0  # decode steps observed when those probes began
         self._groups: dict[tuple[int, bool], _StepGroup] = {}  # (bucket, verified) -> group
         self._explored: dict[int, int] = {}  # bucket -> step of its last exploration
         self._steps = 0
@@ -453,21 +456,31 @@ class StepCostModel:
 
     @property
     def plain_unmeasured(self) -> bool:
-        """Whether the next step should run plain (show no draft) so that a plain step is
-        timed: verified steps are measured but no plain step counts (none timed yet, or
-        none within ``stale_steps``), and fewer than ``2 * min_samples`` steps were
-        withheld for it since the last plain step timed (a step with a prefill chunk is
-        not timed; under such a load the model stops asking). Without ``P`` the cost model
-        borrows it from ``V``, which prices drafting at zero: a proposer that drafts at
-        every step (``lookahead`` always guesses) then never runs a plain step and keeps
-        showing every draft. Offline (``benchmarks/adaptive_replay.py``, scratch) that
-        held for the whole first workload after the warm-up: ``lookahead`` showed 19
-        Jacobi guesses of 5 tokens there (0 accepted)."""
-        return (self._plain_probes < 2 * self.min_samples and not self._knots(False)[0]
-                and bool(self._knots(True)[0]))
+        """Whether a step may be run plain (no draft shown) so that a plain step is timed
+        (:func:`shown_drafts` does so only where the drafts promise little): verified steps
+        are measured but no plain step counts (none timed yet, or none within
+        ``stale_steps``), and fewer than ``2 * min_samples`` steps were withheld for it
+        since the last plain step timed, or those began ``explore_every`` decode steps ago
+        (a step with a prefill chunk is not timed: under such a load the probes pause).
+        Probing ends once ``min_samples`` plain steps of one size are timed.
+
+        Without ``P`` the cost model borrows it from ``V``, which prices drafting at zero:
+        a proposer that drafts at every step (``lookahead`` always guesses) then never runs
+        a plain step and keeps showing every draft. Offline
+        (``benchmarks/adaptive_replay.py``, batch 1, scratch) that held for the whole first
+        workload after the warm-up: ``lookahead`` showed 19 Jacobi guesses of 5 tokens there
+        (0 accepted)."""
+        if self._knots(False)[0] or not self._knots(True)[0]:
+            return False
+        return (self._plain_probes < 2 * self.min_samples
+                or self._steps - self._probes_began >= self.explore_every)
 
     def probed_plain(self) -> None:
         """A step is about to run plain because of :attr:`plain_unmeasured`."""
+        if self._plain_probes >= 2 * self.min_samples:  # a spent budget, long ago: anew
+            self._plain_probes = 0
+        if self._plain_probes == 0:
+            self._probes_began = self._steps
         self._plain_probes += 1
 
     def unmeasured(self, tokens: int) -> bool:
