@@ -365,22 +365,22 @@ def _verified_only(**kwargs) -> StepCostModel:
 
 def test_a_plain_step_is_timed_when_only_verified_steps_were():
     """A proposer that drafts at every step never runs a plain step: without one the cost
-    model borrowed ``P`` from ``V`` and priced drafting at zero for good. A step whose
-    drafts promise little runs plain instead, until ``min_samples`` plain steps are timed;
-    then drafting is priced and a poor guess is withheld by its length rule."""
+    model borrowed ``P`` from ``V`` and priced drafting at zero for good. A step that would
+    verify drafts runs plain instead, until ``min_samples`` plain steps are timed; then
+    drafting is priced and a poor guess is withheld by its length rule."""
     m = _verified_only()
     c = DraftLengthController(k=8, prior_alpha=0.05)  # guesses: rarely accepted
     guess = [list(range(8))]
-    assert m.fitted and m.plain_unmeasured
+    assert m.fitted and m.plain_due(1)
     assert m.draft_cost(1, 8) == 0.0  # the borrowed P: drafting looks free
     for step in range(3):
-        assert m.plain_unmeasured
+        assert m.plain_due(1)
         assert shown_drafts(c, m, ["a"], guess, [0], 1) == [[]]
         c.observe("a", [99])
         m.observe(1, 1.0)  # the probe step, timed: plain
-    assert not m.plain_unmeasured and m.draft_cost(1, 8) == pytest.approx(0.5)
+    assert not m.plain_due(1) and m.draft_cost(1, 8) == pytest.approx(0.5)
     assert shown_drafts(c, m, ["a"], guess, [0], 1) == [[]]
-    assert not m.plain_unmeasured
+    assert not m.plain_due(1)
 
 
 def test_plain_probes_pause_when_untimed_and_resume_later():
@@ -393,25 +393,73 @@ def test_plain_probes_pause_when_untimed_and_resume_later():
     for _ in range(6):
         assert shown_drafts(c, m, ["a"], guess, [0], 1) == [[]]
         c.observe("a", [99])
-    assert not m.plain_unmeasured
+    assert not m.plain_due(1)
     for _ in range(5):  # drafting at zero price, timed verified steps
         assert shown_drafts(c, m, ["a"], guess, [0], 1) == guess
         c.observe("a", [99])
         m.observe(9, 1.5, speculative=True)
-    assert m.plain_unmeasured
+    assert m.plain_due(1)
     assert shown_drafts(c, m, ["a"], guess, [0], 1) == [[]]
 
 
-def test_no_plain_probe_while_a_row_prefills_or_drafts_promise_much():
-    """A step with a row that does not decode is not timed, so it is no probe; nor is a
-    step whose drafts promise at least half a token per row."""
+def test_no_plain_probe_while_a_row_prefills_or_nothing_would_verify():
+    """A step with a row that does not decode is not timed, so it is no probe; a step
+    whose drafts are withheld anyway runs plain without one. Drafts that promise much are
+    probed too: without ``P`` they only looked worth showing."""
     m = _verified_only()
     weak = DraftLengthController(k=8, prior_alpha=0.05)
     drafts = [list(range(8)), []]
     assert shown_drafts(weak, m, ["a", "b"], drafts, [0, 0], 1) == drafts  # b prefills
+    assert shown_drafts(weak, m, ["a"], [[]], [0], 1) == [[]]
+    assert m.plain_due(1)  # still to be timed
     strong = DraftLengthController(k=8, prior_alpha=0.9)
-    assert shown_drafts(strong, m, ["a"], [list(range(8))], [0], 1) == [list(range(8))]
-    assert m.plain_unmeasured  # still to be timed, at a step whose drafts promise little
+    assert shown_drafts(strong, m, ["a"], [list(range(8))], [0], 1) == [[]]
+
+
+def test_a_plain_price_from_start_up_is_timed_again():
+    """Engines started together share the cores: one-token plain steps timed at 1.6 s,
+    then every step drafts and verified steps are timed at 0.15 s. The plain price is
+    older and slower than a verified step with more tokens, so a step that would draft
+    runs plain; after ``min_samples`` of them (a time that moved) drafting is priced."""
+    m = StepCostModel(margin=1.5)
+    c = DraftLengthController(k=8, prior_alpha=0.9)
+    for _ in range(3):
+        m.observe(1, 1.6)
+    for _ in range(3):
+        m.observe(9, 0.15, speculative=True)
+    assert m.draft_cost(1, 8) == 0.0 and m.plain_due(1)
+    draft = [list(range(8))]
+    for _ in range(3):
+        assert shown_drafts(c, m, ["a"], draft, [0], 1) == [[]]
+        c.observe("a", [99])
+        m.observe(1, 0.1)
+    assert not m.plain_due(1)
+    assert m.draft_cost(1, 8) == pytest.approx(0.05)
+
+
+def test_a_batch_size_priced_by_a_distant_plain_step_is_timed():
+    """``P`` was timed at one token only; 32 rows decode: ``P(32)`` is an extrapolation
+    five octaves away, so the step runs plain until ``P`` is timed near 32."""
+    m = StepCostModel(margin=1.5)
+    for _ in range(3):
+        m.observe(1, 0.05)
+        m.observe(100, 0.3, speculative=True)
+    assert m.plain_due(32) and not m.plain_due(1)
+    for _ in range(3):
+        m.observe(32, 0.11)
+    assert not m.plain_due(32) and not m.plain_due(20)
+    assert m.plain_due(8)  # a factor 4 from both plain sizes
+
+
+@given(st.lists(st.floats(0.9, 1.1), min_size=20, max_size=20))
+def test_noise_between_flat_steps_probes_no_plain_step(noise):
+    """A memory-bound GPU: a 9-token verified step costs what a plain one does. Noise of
+    +-10% between steps never makes the plain price look stale."""
+    m = StepCostModel()
+    for i, x in enumerate(noise):
+        m.observe(1, 0.010 * x)
+        m.observe(9, 0.0105 * noise[-1 - i], speculative=True)
+        assert not m.plain_due(1)
 
 
 def test_a_size_priced_at_start_up_is_explored_while_short_drafts_verify():

@@ -32,10 +32,11 @@ again (:func:`shown_drafts`).
 
 Before the cost model has a measurement (3 timed steps of one size and kind; only steps in
 which every request decodes are timed) every request drafts its full draft: the first
-steps measure what drafting costs. Once verified steps are measured but no plain one is,
-a step in which every request decodes and whose drafts promise less than half a token per
-request runs plain, so that the price of drafting is not read off the verified curve alone
-(:attr:`StepCostModel.plain_unmeasured`, which also bounds those steps). "Steps" in the
+steps measure what drafting costs. Once verified steps are measured, a step in which
+every request decodes and that would verify drafts runs plain when no plain step was timed
+near its size, or when the one timed there is slower than a later verified step with more
+tokens, so that the price of drafting is not read off a borrowed, distant or stale plain
+time (:meth:`StepCostModel.plain_due`, which also bounds those steps). "Steps" in the
 counters below are such timed decode steps.
 """
 from __future__ import annotations
@@ -270,9 +271,11 @@ class DraftLengthController:
         self._shown.discard(req_id)
 
 
-#: a step is run plain to time one (:attr:`StepCostModel.plain_unmeasured`) only when every
-#: row decodes and its drafts are expected to accept fewer than this many tokens per row
-PLAIN_PROBE_EXPECTED = 0.5
+#: a plain group this many times slower than a verified group of at least as many tokens
+#: timed after it is timed again (:meth:`StepCostModel.plain_due`): interference (other
+#: engines starting on the same cores) slowed start-up steps 4-15x; noise between
+#: identical steps stays within ~10%
+PLAIN_STALE_RATIO = 1.25
 
 
 def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
@@ -285,7 +288,8 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     withheld step shows the full draft of the request expected to accept most when the
     cost model is :attr:`~StepCostModel.exploring`, and a step that shows drafts shows the
     most-cut one in full when the size that step then has is
-    :meth:`~StepCostModel.unmeasured`. The vLLM adapter and the offline simulation
+    :meth:`~StepCostModel.unmeasured`; a step that would show drafts runs plain instead
+    when :meth:`~StepCostModel.plain_due`. The vLLM adapter and the offline simulation
     (``benchmarks/adaptive_replay.py``) both decide through this function.
 
     Args:
@@ -308,12 +312,11 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     drafts = controller.trim(req_ids, drafts, threshold, kinds)
     expected = sum(controller.expected_accepted(rid, len(d), kind)
                    for rid, d, kind in zip(req_ids, drafts, kinds) if d)
-    if (rows == len(req_ids) and any(drafts) and expected < PLAIN_PROBE_EXPECTED * rows
-            and cost_model.plain_unmeasured):  # every row decodes: the step will be timed
-        cost_model.probed_plain()  # time a plain step where the drafts promise little
-        return controller.withhold(req_ids)
     shown = (drafts if cost_model.pays_off(rows, expected, sum(map(len, drafts)))
              else controller.withhold(req_ids))
+    if any(shown) and rows == len(req_ids) and cost_model.plain_due(rows):
+        cost_model.probed_plain()  # every row decodes, so the plain step is timed
+        return controller.withhold(req_ids)
     if any(shown):  # the step verifies anyway: the most-cut draft in full, when its size is due
         i = max(range(len(full)), key=lambda j: len(full[j]) - len(shown[j]))
         tokens = rows + sum(map(len, shown)) - len(shown[i]) + len(full[i])
@@ -454,29 +457,47 @@ class StepCostModel:
         prefill chunk in the batch) does not make every following step explore."""
         return self._since_verified >= self.explore_every and self.fitted
 
-    @property
-    def plain_unmeasured(self) -> bool:
-        """Whether a step may be run plain (no draft shown) so that a plain step is timed
-        (:func:`shown_drafts` does so only where the drafts promise little): verified steps
-        are measured but no plain step counts (none timed yet, or none within
-        ``stale_steps``), and fewer than ``2 * min_samples`` steps were withheld for it
-        since the last plain step timed, or those began ``explore_every`` decode steps ago
-        (a step with a prefill chunk is not timed: under such a load the probes pause).
-        Probing ends once ``min_samples`` plain steps of one size are timed.
+    def plain_due(self, rows: int) -> bool:
+        """Whether a step of ``rows`` decoding requests that would verify drafts should run
+        plain instead, so that the plain price ``P(rows)`` its drafts are judged by is
+        timed: verified steps are measured, and either no plain group counts within a
+        factor 2 of ``rows`` (``P`` there is borrowed from ``V`` or extrapolated from other
+        batch sizes), or the nearest one is more than :data:`PLAIN_STALE_RATIO` times
+        slower than a verified group of at least as many tokens observed after it, or
+        since faster plain steps began to move it (a plain step is no slower than a
+        verified one with more tokens, so the plain group was timed under interference;
+        a group restarts after ``min_samples`` such steps in a row). The probes are bounded: fewer than ``2 * min_samples``
+        steps withheld since the last plain step timed, or those began ``explore_every``
+        decode steps ago (a step with a prefill chunk is not timed: under such a load the
+        probes pause).
 
-        Without ``P`` the cost model borrows it from ``V``, which prices drafting at zero:
-        a proposer that drafts at every step (``lookahead`` always guesses) then never runs
-        a plain step and keeps showing every draft. Offline
-        (``benchmarks/adaptive_replay.py``, batch 1, scratch) that held for the whole first
-        workload after the warm-up: ``lookahead`` showed 19 Jacobi guesses of 5 tokens there
-        (0 accepted)."""
-        if self._knots(False)[0] or not self._knots(True)[0]:
+        A plain group is only timed when a step runs plain, and a batch that drafts at
+        every step runs none. In the e2e benchmark's batch-32 engines (started together,
+        so their start-up steps shared the cores) ``P`` held its start-up price, 1.6 s for
+        one token, while verified steps were timed again at 0.1-0.3 s: drafting looked
+        free, ``memory_decoding`` showed every draft and ran code generation at 0.63x no
+        speculation (acceptance 0.10). Without any ``P`` the model borrowed it from ``V``,
+        which also priced drafting at zero (``lookahead``, which always guesses, showed
+        every guess offline)."""
+        if not self._knots(True)[0]:
             return False
-        return (self._plain_probes < 2 * self.min_samples
-                or self._steps - self._probes_began >= self.explore_every)
+        if (self._plain_probes >= 2 * self.min_samples
+                and self._steps - self._probes_began < self.explore_every):
+            return False
+        plain, verified = [], []
+        for (_, speculative), g in self._groups.items():
+            if g.ready and self._steps - g.last < self.stale_steps:
+                (verified if speculative else plain).append(g)
+        near = [g for g in plain if rows <= 2 * g.n and g.n <= 2 * rows]
+        if not near:
+            return True
+        p = min(near, key=lambda g: abs(math.log(g.n / rows)))
+        moving = p.outliers and p.outliers[-1][0] < p.t  # faster steps since: not yet its mean
+        return any((v.last > p.last or moving) and v.n >= p.n and p.t > PLAIN_STALE_RATIO * v.t
+                   for v in verified)
 
     def probed_plain(self) -> None:
-        """A step is about to run plain because of :attr:`plain_unmeasured`."""
+        """A step is about to run plain because of :meth:`plain_due`."""
         if self._plain_probes >= 2 * self.min_samples:  # a spent budget, long ago: anew
             self._plain_probes = 0
         if self._plain_probes == 0:
