@@ -451,6 +451,20 @@ def test_a_batch_size_priced_by_a_distant_plain_step_is_timed():
     assert m.plain_due(8)  # a factor 4 from both plain sizes
 
 
+def test_a_probed_batch_size_is_not_pooled_with_its_start_up_price():
+    """The e2e batch-32 engine: one-token plain steps timed at 3 s while the other engines
+    started, then three probes time 32-token plain steps at 0.15 s. Pooled, ``P(32)`` read
+    1.6 s and every draft looked free; the start-up price is left out instead."""
+    m = StepCostModel(margin=1.5)
+    for _ in range(3):
+        m.observe(1, 3.0)
+        m.observe(9, 2.5, speculative=True)
+    assert m.plain_due(32)
+    for _ in range(3):
+        m.observe(32, 0.15)
+    assert m.step_time(32) == pytest.approx(0.15)
+
+
 @given(st.lists(st.floats(0.9, 1.1), min_size=20, max_size=20))
 def test_noise_between_flat_steps_probes_no_plain_step(noise):
     """A memory-bound GPU: a 9-token verified step costs what a plain one does. Noise of
@@ -537,6 +551,12 @@ def test_isotonic_drops_an_old_point_only_when_it_is_the_slower_one():
     # measured slow long ago at fewer tokens than a newer, faster size: left out
     xs, _ = _isotonic([(4.0, 0.40, 3.0, 10), (9.0, 0.15, 20.0, 100)], 32)
     assert xs == [9.0]
+    # more than 2x slower than a size of more tokens measured after it: left out at once
+    xs, _ = _isotonic([(1.0, 3.2, 3.0, 10), (32.0, 0.15, 3.0, 25)], 32)
+    assert xs == [32.0]
+    # within 2x and recent: noise between neighbouring sizes, pooled
+    xs, ys = _isotonic([(8.0, 0.12, 3.0, 10), (9.0, 0.10, 3.0, 25)], 32)
+    assert len(xs) == 1 and ys[0] == pytest.approx(0.11)
     # an old fast size next to a newer slow one (interference only slows): pooled
     xs, ys = _isotonic([(2.0, 0.30, 20.0, 100), (9.0, 0.14, 3.0, 50)], 32)
     assert len(xs) == 1 and 0.14 < ys[0] < 0.30

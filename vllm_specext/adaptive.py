@@ -697,13 +697,16 @@ def _isotonic(points: list[tuple[float, float, float, int]],
     (pool adjacent violators): returns the pooled blocks' weighted mean ``(xs, ys)``.
 
     A point slower than one of more tokens observed more than ``stale_gap`` steps after it
-    is left out first instead of pooled: a size measured slow during an engine's first
-    steps (other engines starting on a 2-core CPU: 0.4-0.5 s verified steps, later 0.14 s)
-    and not drafted at since must not hold the curve above what newer steps measured. The
+    is left out first instead of pooled, and so is one more than 2x slower than one of
+    more tokens observed at any later step: a size measured slow during an engine's first
+    steps (other engines starting on a 2-core CPU: 0.4-0.5 s verified steps, later 0.14 s;
+    one-token plain steps at 1-4 s, then 32-token ones at 0.15 s) and not run at since
+    must not hold the curve above what newer steps measured. The
     older point of an out-of-order pair is dropped only when it is the slower one
     (interference only slows steps): a newer slow point at fewer tokens is pooled."""
     kept = [p for p in points if not any(
-        q[3] - p[3] > stale_gap and q[0] > p[0] and q[1] < p[1] for q in points)]
+        q[0] > p[0] and q[1] < p[1] and (q[3] - p[3] > stale_gap or q[3] > p[3] and 2 * q[1] < p[1])
+        for q in points)]
     blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w]
     for x, y, w, _ in kept:
         blocks.append([w * x, w * y, w])
