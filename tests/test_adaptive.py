@@ -465,6 +465,42 @@ def test_a_probed_batch_size_is_not_pooled_with_its_start_up_price():
     assert m.step_time(32) == pytest.approx(0.15)
 
 
+def _run(m: StepCostModel, c: DraftLengthController, rows_per_step: list[int],
+         plain_s, verified_s) -> int:
+    """Drive ``shown_drafts`` over steps of the given rows, every request drafting 8
+    tokens that are all accepted; returns how many steps ran plain."""
+    plain = 0
+    for rows in rows_per_step:
+        ids = [f"r{i}" for i in range(rows)]
+        shown = shown_drafts(c, m, ids, [list(range(8))] * rows, [0] * rows, rows)
+        d = sum(map(len, shown))
+        for rid, draft in zip(ids, shown):
+            c.observe(rid, draft + [99] if draft else [0])
+        plain += d == 0
+        m.observe(rows + d, verified_s(rows + d) if d else plain_s(rows), speculative=d > 0)
+    return plain
+
+
+def test_plain_probes_are_bounded_while_a_batch_shrinks():
+    """32 requests finishing one per step while every step drafts: each smaller size is
+    an extrapolation of ``P``, but at most ``2 * min_samples`` steps per ``explore_every``
+    run plain for it."""
+    m = StepCostModel(margin=1.5)
+    c = DraftLengthController(k=8, prior_alpha=0.95)
+    gpu = (lambda n: 0.05 + 0.0001 * n, lambda n: 0.052 + 0.0001 * n)  # drafting pays
+    assert _run(m, c, [32] * 40, *gpu) == 3  # P(32) measured once, then drafts
+    assert _run(m, c, list(range(31, 0, -1)), *gpu) <= 2 * m.min_samples
+
+
+def test_a_plain_path_slower_for_good_is_timed_again_once():
+    """A plain step that really costs 1.3x a verified one with more tokens (another code
+    path): it is measured anew once, then kept until a verified time moves."""
+    m = StepCostModel(margin=1.5)
+    c = DraftLengthController(k=8, prior_alpha=0.95)
+    costs = (lambda n: 0.013, lambda n: 0.010)
+    assert _run(m, c, [1] * 200, *costs) <= 2 * m.min_samples
+
+
 @given(st.lists(st.floats(0.9, 1.1), min_size=20, max_size=20))
 def test_noise_between_flat_steps_probes_no_plain_step(noise):
     """A memory-bound GPU: a 9-token verified step costs what a plain one does. Noise of

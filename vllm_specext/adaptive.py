@@ -315,7 +315,7 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     shown = (drafts if cost_model.pays_off(rows, expected, sum(map(len, drafts)))
              else controller.withhold(req_ids))
     if any(shown) and rows == len(req_ids) and cost_model.plain_due(rows):
-        cost_model.probed_plain()  # every row decodes, so the plain step is timed
+        cost_model.probed_plain(rows)  # every row decodes, so the plain step is timed
         return controller.withhold(req_ids)
     if any(shown):  # the step verifies anyway: the most-cut draft in full, when its size is due
         i = max(range(len(full)), key=lambda j: len(full[j]) - len(shown[j]))
@@ -418,7 +418,7 @@ class StepCostModel:
         self.explore_every = explore_every
         self.explore_size_every = explore_size_every
         self._since_verified = 0  # decode steps observed since the last verified one
-        self._plain_probes = 0  # steps withheld to time a plain one since the last one timed
+        self._plain_probes = 0  # steps run plain by plain_due since _probes_began
         self._probes_began = 0  # decode steps observed when those probes began
         self._groups: dict[tuple[int, bool], _StepGroup] = {}  # (bucket, verified) -> group
         self._explored: dict[int, int] = {}  # bucket -> step of its last exploration
@@ -435,8 +435,6 @@ class StepCostModel:
             return
         self._steps += 1
         self._since_verified = 0 if speculative else self._since_verified + 1
-        if not speculative:
-            self._plain_probes = 0
         key = (self._bucket(tokens), bool(speculative))
         group = self._groups.get(key)
         if group is None:
@@ -460,49 +458,71 @@ class StepCostModel:
     def plain_due(self, rows: int) -> bool:
         """Whether a step of ``rows`` decoding requests that would verify drafts should run
         plain instead, so that the plain price ``P(rows)`` its drafts are judged by is
-        timed: verified steps are measured, and either no plain group counts within a
-        factor 2 of ``rows`` (``P`` there is borrowed from ``V`` or extrapolated from other
-        batch sizes), or the nearest one is more than :data:`PLAIN_STALE_RATIO` times
-        slower than a verified group of at least as many tokens observed after it, or
-        since faster plain steps began to move it (a plain step is no slower than a
-        verified one with more tokens, so the plain group was timed under interference;
-        a group restarts after ``min_samples`` such steps in a row). The probes are bounded: fewer than ``2 * min_samples``
-        steps withheld since the last plain step timed, or those began ``explore_every``
-        decode steps ago (a step with a prefill chunk is not timed: under such a load the
-        probes pause).
+        timed (:meth:`probed_plain` then records it). Once verified steps are measured, a
+        step runs plain when
+
+        * no plain group within a factor 2 of ``rows`` counts (``P`` there is borrowed
+          from ``V`` or extrapolated from other batch sizes), or the nearest one is still
+          being measured (its first ``min_samples`` steps), or
+        * the nearest plain group is more than :data:`PLAIN_STALE_RATIO` times slower than
+          a verified group of at least as many tokens whose time was set after its own (a
+          plain step is no slower than a verified one with more tokens: the plain group
+          was timed under interference). :meth:`probed_plain` measures it anew from its
+          next ``min_samples`` steps, so each such finding costs that many plain steps.
+
+        At most ``2 * min_samples`` steps run plain for it within ``explore_every``
+        decode steps (a batch whose rows shrink step by step, as its requests finish,
+        would otherwise probe each size; a probe with a prefill chunk in the batch is not
+        timed).
 
         A plain group is only timed when a step runs plain, and a batch that drafts at
         every step runs none. In the e2e benchmark's batch-32 engines (started together,
-        so their start-up steps shared the cores) ``P`` held its start-up price, 1.6 s for
+        so their start-up steps shared the cores) ``P`` held its start-up price, 1-4 s for
         one token, while verified steps were timed again at 0.1-0.3 s: drafting looked
-        free, ``memory_decoding`` showed every draft and ran code generation at 0.63x no
-        speculation (acceptance 0.10). Without any ``P`` the model borrowed it from ``V``,
-        which also priced drafting at zero (``lookahead``, which always guesses, showed
-        every guess offline)."""
+        free, and ``memory_decoding`` showed every draft and ran code generation at 0.63x
+        no speculation (acceptance 0.10). Without any ``P`` the model borrowed it from
+        ``V``, which also priced drafting at zero (``lookahead``, which always guesses,
+        showed every guess offline)."""
         if not self._knots(True)[0]:
             return False
         if (self._plain_probes >= 2 * self.min_samples
                 and self._steps - self._probes_began < self.explore_every):
             return False
-        plain, verified = [], []
+        return self._plain_to_time(rows) is not None
+
+    def _plain_to_time(self, rows: int) -> _StepGroup | None | bool:
+        """The reason :meth:`plain_due` finds for ``rows``: True (no plain group counts
+        near it, or the nearest is being measured), the stale plain group, or None."""
+        near, verified = [], []
         for (_, speculative), g in self._groups.items():
-            if g.ready and self._steps - g.last < self.stale_steps:
-                (verified if speculative else plain).append(g)
-        near = [g for g in plain if rows <= 2 * g.n and g.n <= 2 * rows]
+            if self._steps - g.last >= self.stale_steps:
+                continue
+            if speculative:
+                if g.ready:
+                    verified.append(g)
+            elif rows <= 2 * g.n and g.n <= 2 * rows and (g.ready or g.first):
+                near.append(g)
         if not near:
             return True
         p = min(near, key=lambda g: abs(math.log(g.n / rows)))
-        moving = p.outliers and p.outliers[-1][0] < p.t  # faster steps since: not yet its mean
-        return any((v.last > p.last or moving) and v.n >= p.n and p.t > PLAIN_STALE_RATIO * v.t
-                   for v in verified)
+        if not p.ready:
+            return True
+        stale = any(v.n >= p.n and v.started > p.started and p.t > PLAIN_STALE_RATIO * v.t
+                    for v in verified)
+        return p if stale else None
 
-    def probed_plain(self) -> None:
-        """A step is about to run plain because of :meth:`plain_due`."""
-        if self._plain_probes >= 2 * self.min_samples:  # a spent budget, long ago: anew
+    def probed_plain(self, rows: int) -> None:
+        """A step of ``rows`` decoding requests is about to run plain because of
+        :meth:`plain_due`; a stale plain group is measured anew from here."""
+        if self._steps - self._probes_began >= self.explore_every:  # a new window
             self._plain_probes = 0
         if self._plain_probes == 0:
             self._probes_began = self._steps
         self._plain_probes += 1
+        stale = self._plain_to_time(rows)
+        if isinstance(stale, _StepGroup):
+            stale.remeasure()
+            self._curves = None
 
     def unmeasured(self, tokens: int) -> bool:
         """Whether verified steps of about ``tokens`` tokens (their group) were neither
@@ -636,11 +656,12 @@ class StepCostModel:
 class _StepGroup:
     """Steps of one token-count bucket and kind: running means of tokens and seconds."""
 
-    __slots__ = ("n", "t", "count", "last", "first", "outliers")
+    __slots__ = ("n", "t", "count", "last", "started", "first", "outliers")
 
     def __init__(self):
         self.n = self.t = 0.0
         self.count = self.last = 0
+        self.started = 0  # the step whose median set ``t`` last (first ready, restarts)
         self.first: list[tuple[float, float]] = []  # the first steps, until ready
         # the latest steps in a row outside [t/2, 2t], all on one side
         self.outliers: list[tuple[float, float]] = []
@@ -648,6 +669,11 @@ class _StepGroup:
     @property
     def ready(self) -> bool:
         return not self.first and self.count > 0
+
+    def remeasure(self) -> None:
+        """Start again from the median of the next ``min_samples`` steps (the group does
+        not count until then)."""
+        self.count, self.first, self.outliers = 0, [], []
 
     def add(self, tokens: float, seconds: float, step: int, min_samples: int,
             smoothing: float, stale_gap: int | None) -> None:
@@ -660,13 +686,13 @@ class _StepGroup:
         if self.count <= min_samples:  # start from the median of the first steps
             self.first.append((seconds, tokens))
             if self.count == min_samples:
-                self._start_from(self.first)
+                self._start_from(self.first, step)
                 self.first = []
             return
         if 0.5 * self.t <= seconds <= 2.0 * self.t:
             self.outliers = []
         elif stale and seconds < self.t:  # a faster step after a while: trust it
-            self._start_from([(seconds, tokens)])
+            self._start_from([(seconds, tokens)], step)
             self.count, self.outliers = min_samples, []
             return
         else:  # min_samples outliers in a row on one side: the time has moved, restart
@@ -675,7 +701,7 @@ class _StepGroup:
                 self.outliers = []
             self.outliers.append((seconds, tokens))
             if len(self.outliers) >= min_samples:
-                self._start_from(self.outliers)
+                self._start_from(self.outliers, step)
                 self.count, self.outliers = min_samples, []
                 return
         seconds = min(max(seconds, 0.5 * self.t), 2.0 * self.t)
@@ -683,9 +709,10 @@ class _StepGroup:
         self.n += w * (tokens - self.n)
         self.t += w * (seconds - self.t)
 
-    def _start_from(self, steps: list[tuple[float, float]]) -> None:
+    def _start_from(self, steps: list[tuple[float, float]], step: int) -> None:
         """Set the group to the median time and the mean tokens of ``(seconds, tokens)``
-        steps (sorted in place)."""
+        steps (sorted in place), at decode step ``step``."""
+        self.started = step
         steps.sort()
         self.t = steps[len(steps) // 2][0]
         self.n = sum(n for _, n in steps) / len(steps)
