@@ -32,7 +32,8 @@ Usage::
 
     python benchmarks/adaptive_replay.py [--methods ngram,suffix,memory_decoding,lookahead]
         [--prompts 4] [--max-tokens 96] [--costs lo=0.12,0.035 hi=0.15,0.08 vhi=0.30,0.09 slope=0,0.085]
-        [--outputs benchmarks/results/workload_outputs.json] [--out benchmarks/results/adaptive_replay.json]
+        [--startup-slowdown 1] [--outputs benchmarks/results/workload_outputs.json]
+        [--out benchmarks/results/adaptive_replay.json]
 
 ``lookahead``'s Jacobi feedback needs the target model, so offline it drafts from its
 n-gram pools and prompt lookup only.
@@ -102,11 +103,13 @@ def parse_cost(spec: str) -> tuple[str, float, float]:
 
 
 def replay_batch1(sequence: list[tuple[str, dict]], method: str, fixed: float, per: float,
-                  k: int = 8) -> dict[str, dict]:
+                  k: int = 8, startup_slowdown: float = 1.0) -> dict[str, dict]:
     """One proposer over ``sequence`` (``(workload, {"prompt", "output"})`` in order), one
     request at a time, as the adapter drives it at batch 1.
 
-    ``method`` is one of ours (adaptive on, its default keys) or :data:`REFERENCE`.
+    ``method`` is one of ours (adaptive on, its default keys) or :data:`REFERENCE`;
+    ``startup_slowdown``: the cost model times the warm-up request's steps this many times
+    slower than they are (an engine starting while others start on the same cores).
     Returns per workload ``{"tokens", "steps", "time" (plain steps), "speed" (tokens per
     plain-step time), "tau"}``; the warm-up request is not counted.
     """
@@ -131,7 +134,8 @@ def replay_batch1(sequence: list[tuple[str, dict]], method: str, fixed: float, p
             draft = drafts[0]
             committed = truth[pos:pos + chain_accept(draft, truth, pos) + 1]
             seconds = 1.0 + (fixed + per * len(draft) if draft else 0.0)
-            cost_model.observe(1 + len(draft), seconds, bool(draft))
+            slow = startup_slowdown if workload == "warmup" else 1.0
+            cost_model.observe(1 + len(draft), slow * seconds, bool(draft))
             p.update(rid, committed)
             if controller is not None:
                 controller.observe(rid, committed)
@@ -196,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--costs", nargs="+", default=list(DEFAULT_COSTS), type=parse_cost,
                     help="step costs NAME=FIXED,PER_TOKEN: a verified step of n tokens "
                     "takes 1 + FIXED + PER_TOKEN * (n - 1) plain steps")
+    ap.add_argument("--startup-slowdown", type=float, default=1.0,
+                    help="the cost model times the warm-up request's steps this many times "
+                    "slower (engines starting together on the same cores; >= 1)")
     ap.add_argument("--outputs", default=str(RESULTS / "workload_outputs.json"),
                     help="cached model outputs (generated with the engine when missing)")
     ap.add_argument("--out", default=str(RESULTS / "adaptive_replay.json"))
@@ -206,13 +213,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--methods: unknown {unknown}; allowed: {', '.join(OUR_METHODS)}")
     if not 1 <= args.prompts <= 32 or not 2 <= args.max_tokens <= GENERATED_TOKENS:
         ap.error(f"--prompts in [1, 32], --max-tokens in [2, {GENERATED_TOKENS}]")
+    if not args.startup_slowdown >= 1.0:
+        ap.error(f"--startup-slowdown must be >= 1, got {args.startup_slowdown}")
     costs = [parse_cost(c) if isinstance(c, str) else c for c in args.costs]  # defaults
     outputs = Path(args.outputs)
     data = json.loads(outputs.read_text()) if outputs.exists() else generate_outputs(outputs)
     sequence = build_sequence(data, args.prompts, args.max_tokens)
     results: dict[str, dict] = {}
     for name, fixed, per in costs:
-        res = {m: replay_batch1(sequence, m, fixed, per) for m in [REFERENCE] + methods}
+        res = {m: replay_batch1(sequence, m, fixed, per, startup_slowdown=args.startup_slowdown)
+               for m in [REFERENCE] + methods}
         results[name] = res
         print(f"\ncost {name}: verified step = 1 + {fixed} + {per} x draft tokens "
               f"(plain step = 1); tok/s ratio to {REFERENCE} (tau)")
@@ -223,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 for m in methods))
     report = {"meta": {"command": " ".join(["benchmarks/adaptive_replay.py"] + sys.argv[1:]),
                        "prompts": args.prompts, "max_tokens": args.max_tokens,
+                       "startup_slowdown": args.startup_slowdown,
                        "costs": {n: {"fixed": f, "per_token": p} for n, f, p in costs}},
               "results": results}
     out = Path(args.out)

@@ -38,6 +38,14 @@ def test_copies_are_drafted_and_counted_per_workload(bench):
             assert cell["tau"] > 2 and cell["speed"] > 1.5  # copying a prompt pays
 
 
+def test_a_slow_start_up_is_timed_again_and_copies_still_pay(bench):
+    """The cost model times the warm-up request 10x slower (engines starting together):
+    the copies that follow are still drafted, and priced by what their steps cost."""
+    seq = bench.build_sequence(_outputs(bench), prompts=2, max_tokens=30)
+    res = bench.replay_batch1(seq, "suffix", fixed=0.1, per=0.01, startup_slowdown=10.0)
+    assert all(cell["tau"] > 2 for cell in res.values())
+
+
 def test_nothing_to_copy_runs_plain(bench):
     data = {w: [{"prompt": [5, 6], "output": list(range(100, 140))}] for w in bench.WORKLOADS}
     data["warmup"] = [{"prompt": [1], "output": [2, 3]}]
@@ -64,3 +72,5 @@ def test_main_writes_json_and_png(bench, tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0
     with pytest.raises(SystemExit):
         bench.main(["--methods", "eagle", "--outputs", str(outputs)])
+    with pytest.raises(SystemExit):
+        bench.main(["--startup-slowdown", "0.5", "--outputs", str(outputs)])
