@@ -451,6 +451,19 @@ def test_a_batch_size_priced_by_a_distant_plain_step_is_timed():
     assert m.plain_due(8)  # a factor 4 from both plain sizes
 
 
+def test_a_group_back_after_stale_steps_is_measured_again():
+    """A size unobserved for ``stale_steps`` steps leaves the curve; when it comes back
+    its old mean is not averaged with the new steps, it restarts from their median."""
+    m = StepCostModel(stale_steps=50)
+    for _ in range(3):
+        m.observe(8, 0.5)
+    for _ in range(60):
+        m.observe(1, 0.1)
+    for _ in range(3):
+        m.observe(8, 0.2)
+    assert m.step_time(8) == pytest.approx(0.2)
+
+
 def test_a_probed_batch_size_is_not_pooled_with_its_start_up_price():
     """The e2e batch-32 engine: one-token plain steps timed at 3 s while the other engines
     started, then three probes time 32-token plain steps at 0.15 s. Pooled, ``P(32)`` read

@@ -439,6 +439,8 @@ class StepCostModel:
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _StepGroup()
+        elif group.count and self._steps - group.last > self.stale_steps:
+            group.remeasure()  # left out of the curves since: measured again, not averaged
         group.add(float(tokens), float(seconds), self._steps, self.min_samples, self.smoothing,
                   self.explore_every if speculative else None)
         self._curves = None
@@ -478,7 +480,7 @@ class StepCostModel:
         A plain group is only timed when a step runs plain, and a batch that drafts at
         every step runs none. In the e2e benchmark's batch-32 engines (started together,
         so their start-up steps shared the cores) ``P`` held its start-up price, 1-4 s for
-        one token, while verified steps were timed again at 0.1-0.3 s: drafting looked
+        one token, while verified steps were timed again at 0.1-0.6 s: drafting looked
         free, and ``memory_decoding`` showed every draft and ran code generation at 0.63x
         no speculation (acceptance 0.10). Without any ``P`` the model borrowed it from
         ``V``, which also priced drafting at zero (``lookahead``, which always guesses,
