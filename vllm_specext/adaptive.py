@@ -490,11 +490,12 @@ class StepCostModel:
         if (self._plain_probes >= 2 * self.min_samples
                 and self._steps - self._probes_began < self.explore_every):
             return False
-        return self._plain_to_time(rows) is not None
+        return self._plain_to_time(rows)[0]
 
-    def _plain_to_time(self, rows: int) -> _StepGroup | None | bool:
-        """The reason :meth:`plain_due` finds for ``rows``: True (no plain group counts
-        near it, or the nearest is being measured), the stale plain group, or None."""
+    def _plain_to_time(self, rows: int) -> tuple[bool, _StepGroup | None]:
+        """``(due, stale)`` for :meth:`plain_due`: due when no plain group counts near
+        ``rows`` or the nearest is being measured (``stale`` None), or when the nearest is
+        stale (``stale`` that group)."""
         near, verified = [], []
         for (_, speculative), g in self._groups.items():
             if self._steps - g.last >= self.stale_steps:
@@ -505,13 +506,14 @@ class StepCostModel:
             elif rows <= 2 * g.n and g.n <= 2 * rows and (g.ready or g.first):
                 near.append(g)
         if not near:
-            return True
+            return True, None
         p = min(near, key=lambda g: abs(math.log(g.n / rows)))
         if not p.ready:
-            return True
-        stale = any(v.n >= p.n and v.started > p.started and p.t > PLAIN_STALE_RATIO * v.t
-                    for v in verified)
-        return p if stale else None
+            return True, None
+        if any(v.n >= p.n and v.started > p.started and p.t > PLAIN_STALE_RATIO * v.t
+               for v in verified):
+            return True, p
+        return False, None
 
     def probed_plain(self, rows: int) -> None:
         """A step of ``rows`` decoding requests is about to run plain because of
@@ -521,8 +523,8 @@ class StepCostModel:
         if self._plain_probes == 0:
             self._probes_began = self._steps
         self._plain_probes += 1
-        stale = self._plain_to_time(rows)
-        if isinstance(stale, _StepGroup):
+        stale = self._plain_to_time(rows)[1]
+        if stale is not None:
             stale.remeasure()
             self._curves = None
 
