@@ -736,7 +736,7 @@ def _isotonic(points: list[tuple[float, float, float, int]],
     older point of an out-of-order pair is dropped only when it is the slower one
     (interference only slows steps): a newer slow point at fewer tokens is pooled."""
     kept = [p for p in points if not any(
-        q[0] > p[0] and q[1] < p[1] and (q[3] - p[3] > stale_gap or q[3] > p[3] and 2 * q[1] < p[1])
+        q[0] > p[0] and q[3] > p[3] and q[1] * (1 if q[3] - p[3] > stale_gap else 2) < p[1]
         for q in points)]
     blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w]
     for x, y, w, _ in kept:
