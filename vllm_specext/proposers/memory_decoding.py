@@ -671,12 +671,13 @@ class MemoryDecodingProposer(Proposer):
         Sets :attr:`last_kinds`: per row, :func:`draft_kind` of the candidate drafted
         (copy or trie, and its match length), ``TAIL_KIND`` for a rejected tail, 0 for no
         draft."""
-        step, arena, cap0, hot = self._step, self.trie.arena, self._cap, self._hot
+        step, arena, cap, hot = self._step, self.trie.arena, self._cap, self._hot
         out = []
         kinds = []
-        for i, rid in enumerate(req_ids):
+        for rid in req_ids:
             h = hot.get(rid)
-            cap = cap0 if max_tokens is None else min(cap0, int(max_tokens[i]))
+            if max_tokens is not None:
+                cap = min(self._cap, int(max_tokens[len(out)]))
             if h is None or cap <= 0:
                 out.append([])
                 kinds.append(0)
@@ -686,7 +687,7 @@ class MemoryDecodingProposer(Proposer):
             if n < 0:
                 n = self._run(rid, cap)
                 _, draft, _, head = hot[rid]
-            out.append(draft[:n].tolist())
+            out.append(draft.tolist()[:n])  # cheaper than slicing the memoryview
             kinds.append(head[H_KIND])
         self.last_kinds = kinds
         return out
