@@ -334,6 +334,25 @@ def test_a_time_that_moved_restarts_its_group():
     assert m.step_time(9, speculative=True) == pytest.approx(0.15)
 
 
+def test_a_plain_price_follows_a_new_level_within_a_few_steps():
+    """Plain steps that became 1.6x faster (a cell of shorter contexts after one of
+    longer ones; too little for a restart) move P(32) there within 15 steps, so an
+    exploration at 40 tokens timed in the new level is not read as free; one stalled
+    plain step moves it not at all (median of the last 3)."""
+    m = StepCostModel()
+    for _ in range(60):
+        m.observe(32, 0.140)
+    for _ in range(15):
+        m.observe(32, 0.088)
+    assert m.step_time(32) < 0.088 * 1.05
+    m.observe(32, 0.400)  # a stall (e.g. a garbage collection)
+    assert m.step_time(32) < 0.088 * 1.05
+    for _ in range(3):
+        m.observe(40, 0.104, speculative=True)
+    assert m.draft_cost(32, 8) == pytest.approx(0.104 - m.step_time(32), rel=0.01)
+    assert m.draft_cost(32, 8) > 0.012
+
+
 def test_exploring_after_many_plain_steps_shows_one_full_draft():
     """Slow first verified steps price drafting out; after ``explore_every`` plain steps
     one request's full draft is shown anyway, so the cost is measured again."""
@@ -618,6 +637,7 @@ def test_isotonic_drops_an_old_point_only_when_it_is_the_slower_one():
     (lambda: DraftLengthController(k=8, decay=1.0), "decay"),
     (lambda: DraftLengthController(k=8, prior_weight=0.0), "prior_weight"),
     (lambda: StepCostModel(smoothing=0.0), "smoothing"),
+    (lambda: StepCostModel(plain_smoothing=1.5), "plain_smoothing"),
     (lambda: StepCostModel(margin=0.5), "margin"),
     (lambda: StepCostModel(explore=1.5), "explore"),
 ])

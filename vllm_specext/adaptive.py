@@ -352,7 +352,8 @@ class StepCostModel:
     their median time (a garbage-collection pause or another process's burst in one step
     must not price a batch size for good); after that each step, clamped to within a
     factor 2 of the group's mean, moves a running mean of its ``n`` and time (weight
-    ``smoothing``, so the curve follows drift). Each curve goes through its groups' means,
+    ``smoothing``, or ``plain_smoothing`` for plain steps, so the curve follows drift). Each
+    curve goes through its groups' means,
     sorted by ``n`` and made non-decreasing by pooling neighbours that break the order
     (isotonic regression, weighted by samples). No shape is assumed: on a 2-core CPU
     (fp32 SmolLM2-135M) a batch-8 step was 40 ms flat from 1 to 9 tokens, then rose
@@ -374,7 +375,17 @@ class StepCostModel:
             noisy and a wrong "draft" costs verification at once, so the default in the
             engine is 1.5 (``adaptive_margin``).
         buckets_per_octave: resolution of the curves in ``n`` (>= 1).
-        smoothing: weight of a new step in its group's running mean, in (0, 1].
+        smoothing: weight of a new verified step in its group's running mean, in (0, 1].
+        plain_smoothing: the same for plain steps, in (0, 1], applied to the median of
+            the group's last 3 step times (a stalled step moves it not at all). Plain
+            steps run at every step that does not draft, so their mean can follow the
+            machine and the batch's context lengths within a few steps; verified ones
+            come rarely where drafting does not pay (explorations). With 0.05 for both, the e2e
+            benchmark's batch-32 ``P(32)`` still read 114 ms fifteen steps into a cell
+            whose plain steps took 80-100 ms (the cell before: ~140 ms, longer
+            contexts), while explorations timed ``V(40)`` at 101-110 ms: 8 draft tokens
+            looked free, and ``suffix`` and ``memory_decoding`` drafted steps of 49-66
+            tokens at 130-170 ms for a few accepted tokens (scratch log, 2026-12-03).
         min_samples: steps a group needs before it counts (>= 1).
         stale_steps: steps after which an unobserved group no longer counts (>= 1).
         explore: factor in (0, 1] on the extrapolated slope beyond the measured range.
@@ -396,7 +407,8 @@ class StepCostModel:
     """
 
     def __init__(self, margin: float = 1.0, buckets_per_octave: int = 4,
-                 smoothing: float = 0.05, min_samples: int = 3, stale_steps: int = 1000,
+                 smoothing: float = 0.05, plain_smoothing: float = 0.2,
+                 min_samples: int = 3, stale_steps: int = 1000,
                  explore: float = 0.5, prior_slope_ratio: float = 0.01,
                  explore_every: int = 32, explore_size_every: int = 64):
         _check("StepCostModel", tuple(
@@ -407,10 +419,12 @@ class StepCostModel:
             ("margin", margin, margin >= 1.0, ">= 1"),
             ("prior_slope_ratio", prior_slope_ratio, prior_slope_ratio >= 0.0, ">= 0"),
             ("smoothing", smoothing, 0.0 < smoothing <= 1.0, "in (0, 1]"),
+            ("plain_smoothing", plain_smoothing, 0.0 < plain_smoothing <= 1.0, "in (0, 1]"),
             ("explore", explore, 0.0 < explore <= 1.0, "in (0, 1]")))
         self.margin = margin
         self.buckets_per_octave = buckets_per_octave
         self.smoothing = smoothing
+        self.plain_smoothing = plain_smoothing
         self.min_samples = min_samples
         self.stale_steps = stale_steps
         self.explore = explore
@@ -441,8 +455,9 @@ class StepCostModel:
             group = self._groups[key] = _StepGroup()
         elif group.count and self._steps - group.last > self.stale_steps:
             group.remeasure()  # left out of the curves since: measured again, not averaged
-        group.add(float(tokens), float(seconds), self._steps, self.min_samples, self.smoothing,
-                  self.explore_every if speculative else None)
+        group.add(float(tokens), float(seconds), self._steps, self.min_samples,
+                  self.smoothing if speculative else self.plain_smoothing,
+                  self.explore_every if speculative else None, 1 if speculative else 3)
         self._curves = None
 
     @property
@@ -564,7 +579,8 @@ class StepCostModel:
         if self._curves is None:
             self._curves = {}
             for kind in (False, True):
-                points = sorted((g.n, g.t, min(g.count, 1.0 / self.smoothing), g.last)
+                weight = 1.0 / (self.smoothing if kind else self.plain_smoothing)
+                points = sorted((g.n, g.t, min(g.count, weight), g.last)
                                 for (_, verified), g in self._groups.items()
                                 if verified == kind and g.ready
                                 and self._steps - g.last < self.stale_steps)
@@ -660,7 +676,7 @@ class StepCostModel:
 class _StepGroup:
     """Steps of one token-count bucket and kind: running means of tokens and seconds."""
 
-    __slots__ = ("n", "t", "count", "last", "started", "first", "outliers")
+    __slots__ = ("n", "t", "count", "last", "started", "first", "outliers", "recent")
 
     def __init__(self):
         self.n = self.t = 0.0
@@ -669,6 +685,7 @@ class _StepGroup:
         self.first: list[tuple[float, float]] = []  # the first steps, until ready
         # the latest steps in a row outside [t/2, 2t], all on one side
         self.outliers: list[tuple[float, float]] = []
+        self.recent: list[float] = []  # the last steps' (clamped) times, for median_of
 
     @property
     def ready(self) -> bool:
@@ -677,13 +694,15 @@ class _StepGroup:
     def remeasure(self) -> None:
         """Start again from the median of the next ``min_samples`` steps (the group does
         not count until then)."""
-        self.count, self.first, self.outliers = 0, [], []
+        self.count, self.first, self.outliers, self.recent = 0, [], [], []
 
     def add(self, tokens: float, seconds: float, step: int, min_samples: int,
-            smoothing: float, stale_gap: int | None) -> None:
+            smoothing: float, stale_gap: int | None, median_of: int = 1) -> None:
         """Add one step; ``stale_gap``: steps after which the group's mean is stale, so
         that a step more than 2x faster restarts it at once (None: never; interference
-        only slows steps, so a slow one needs ``min_samples`` in a row)."""
+        only slows steps, so a slow one needs ``min_samples`` in a row); ``median_of``:
+        the running mean takes the median of the last that many steps' times (3: one
+        stalled step moves it not at all, a new level from its second step)."""
         stale = stale_gap is not None and step - self.last > stale_gap
         self.count += 1
         self.last = step
@@ -697,7 +716,7 @@ class _StepGroup:
             self.outliers = []
         elif stale and seconds < self.t:  # a faster step after a while: trust it
             self._start_from([(seconds, tokens)], step)
-            self.count, self.outliers = min_samples, []
+            self.count, self.outliers, self.recent = min_samples, [], []
             return
         else:  # min_samples outliers in a row on one side: the time has moved, restart
             # (a time that keeps jumping between two levels is followed level by level)
@@ -706,9 +725,12 @@ class _StepGroup:
             self.outliers.append((seconds, tokens))
             if len(self.outliers) >= min_samples:
                 self._start_from(self.outliers, step)
-                self.count, self.outliers = min_samples, []
+                self.count, self.outliers, self.recent = min_samples, [], []
                 return
         seconds = min(max(seconds, 0.5 * self.t), 2.0 * self.t)
+        if median_of > 1:
+            self.recent = self.recent[1 - median_of:] + [seconds]
+            seconds = sorted(self.recent)[len(self.recent) // 2]
         w = max(1.0 / self.count, smoothing)
         self.n += w * (tokens - self.n)
         self.t += w * (seconds - self.t)
