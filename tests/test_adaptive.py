@@ -375,6 +375,30 @@ def test_exploring_after_many_plain_steps_shows_one_full_draft():
     assert not m.exploring
 
 
+def test_explorations_that_change_nothing_come_ever_more_rarely():
+    """Where verifying drafts keeps not paying, the gap between explorations doubles
+    (32, 64, ... up to ``explore_backoff`` x 32 steps); a step that verifies drafts of its
+    own brings it back to ``explore_every``."""
+    m = StepCostModel(margin=1.5, explore_every=4, explore_backoff=4)
+    c = DraftLengthController(k=4)
+    for _ in range(3):
+        m.observe(2, 0.1)
+        m.observe(6, 3.0, speculative=True)
+    ids, drafts, kinds = ["a", "b"], [[1, 2, 3, 4], [5, 6]], [0, 0]
+
+    def steps_to_exploration() -> int:
+        n = 0
+        while not any(shown_drafts(c, m, ids, drafts, kinds, 2)):
+            m.observe(2, 0.1)
+            n += 1
+        m.observe(6, 3.0, speculative=True)  # the explored step: as slow as before
+        return n
+
+    assert [steps_to_exploration() for _ in range(5)] == [4, 8, 16, 16, 16]
+    m.observe(3, 0.1, speculative=True)  # drafts verified on their own
+    assert steps_to_exploration() == 4
+
+
 def _verified_only(**kwargs) -> StepCostModel:
     m = StepCostModel(margin=1.5, **kwargs)
     for _ in range(3):
@@ -640,6 +664,7 @@ def test_isotonic_drops_an_old_point_only_when_it_is_the_slower_one():
     (lambda: StepCostModel(plain_smoothing=1.5), "plain_smoothing"),
     (lambda: StepCostModel(margin=0.5), "margin"),
     (lambda: StepCostModel(explore=1.5), "explore"),
+    (lambda: StepCostModel(explore_backoff=0), "explore_backoff"),
 ])
 def test_out_of_range_arguments_are_named(make, key):
     with pytest.raises(ValueError, match=rf"\b{key} must be"):

@@ -328,8 +328,8 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
         tokens = rows + len(full[i])
     else:
         return shown
+    cost_model.explored(tokens, backoff=not any(shown))
     shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
-    cost_model.explored(tokens)
     return shown
 
 
@@ -396,6 +396,12 @@ class StepCostModel:
             a verified group unobserved that long restarts from its next step when that
             is more than 2x faster, and a group out of order with one observed that much
             later is left out of the curve.
+        explore_backoff: an exploration after which the step still verified nothing of its
+            own doubles the gap to the next, up to this many times ``explore_every``
+            (>= 1; 1: a fixed gap); a step that verifies drafts of its own resets it.
+            Where drafting does not pay (a large batch on a CPU), each exploration costs
+            a step that verifies one extra draft: at batch 32 in the e2e benchmark 8
+            tokens on 32 made that step 3-80% slower, about 1% of all time at a gap of 32.
         explore_size_every: decode steps after which a size (a group's bucket) whose
             verified steps were neither measured nor explored gets one full draft in a
             step that verifies other drafts (:meth:`unmeasured`). 64: offline
@@ -410,11 +416,13 @@ class StepCostModel:
                  smoothing: float = 0.05, plain_smoothing: float = 0.2,
                  min_samples: int = 3, stale_steps: int = 1000,
                  explore: float = 0.5, prior_slope_ratio: float = 0.01,
-                 explore_every: int = 32, explore_size_every: int = 64):
+                 explore_every: int = 32, explore_backoff: int = 8,
+                 explore_size_every: int = 64):
         _check("StepCostModel", tuple(
             (name, value, value >= 1, ">= 1") for name, value in (
                 ("buckets_per_octave", buckets_per_octave), ("min_samples", min_samples),
                 ("stale_steps", stale_steps), ("explore_every", explore_every),
+                ("explore_backoff", explore_backoff),
                 ("explore_size_every", explore_size_every))) + (
             ("margin", margin, margin >= 1.0, ">= 1"),
             ("prior_slope_ratio", prior_slope_ratio, prior_slope_ratio >= 0.0, ">= 0"),
@@ -430,6 +438,9 @@ class StepCostModel:
         self.explore = explore
         self.prior_slope_ratio = prior_slope_ratio
         self.explore_every = explore_every
+        self.explore_backoff = explore_backoff
+        self._explore_gap = explore_every  # decode steps from a verified step to exploring
+        self._exploration_due = False  # the next verified step is an exploration's
         self.explore_size_every = explore_size_every
         self._since_verified = 0  # decode steps observed since the last verified one
         self._plain_probes = 0  # steps run plain by plain_due since _probes_began
@@ -449,6 +460,9 @@ class StepCostModel:
             return
         self._steps += 1
         self._since_verified = 0 if speculative else self._since_verified + 1
+        if speculative and not self._exploration_due:
+            self._explore_gap = self.explore_every
+        self._exploration_due = self._exploration_due and not speculative
         key = (self._bucket(tokens), bool(speculative))
         group = self._groups.get(key)
         if group is None:
@@ -463,14 +477,15 @@ class StepCostModel:
     @property
     def exploring(self) -> bool:
         """Whether a step should verify drafts although the curves say it does not pay:
-        fitted, and no verified step among the last ``explore_every`` decode steps. The
+        fitted, and no verified step among the last ``explore_every`` decode steps
+        (more after explorations that changed nothing, see ``explore_backoff``). The
         curves only learn from steps that run, so without it a few slow verified steps
         (one-time costs, another process's burst) would stop drafting for good: offline
         (``benchmarks/adaptive_replay.py``'s sequence with its first 10 verified steps
         timed 10x slower, scratch), every workload then ran at tau 1.00. Counted again
         from an exploration (see :meth:`explored`), so a step that is not timed (a
         prefill chunk in the batch) does not make every following step explore."""
-        return self._since_verified >= self.explore_every and self.fitted
+        return self._since_verified >= self._explore_gap and self.fitted
 
     def plain_due(self, rows: int) -> bool:
         """Whether a step of ``rows`` decoding requests that would verify drafts should run
@@ -558,11 +573,17 @@ class StepCostModel:
         last = max(group.last if group is not None else 0, self._explored.get(key, 0))
         return self._steps - last >= self.explore_size_every
 
-    def explored(self, tokens: int) -> None:
+    def explored(self, tokens: int, backoff: bool = False) -> None:
         """A step of ``tokens`` tokens is about to verify drafts because of
-        :attr:`exploring` or :meth:`unmeasured`."""
+        :attr:`exploring` or :meth:`unmeasured`; ``backoff``: it verifies nothing else
+        (an :attr:`exploring` step), so the next exploration comes after twice the gap
+        unless a step verifies drafts of its own first (``explore_backoff``)."""
         self._since_verified = 0
         self._explored[self._bucket(tokens)] = self._steps
+        if backoff:
+            self._explore_gap = min(2 * self._explore_gap,
+                                    self.explore_backoff * self.explore_every)
+            self._exploration_due = True
 
     def _bucket(self, tokens: float) -> int:
         return int(self.buckets_per_octave * math.log2(tokens))
