@@ -399,6 +399,34 @@ def test_explorations_that_change_nothing_come_ever_more_rarely():
     assert steps_to_exploration() == 4
 
 
+def test_an_unmeasured_size_is_explored_until_it_counts():
+    """Batch 8 after a slow start-up: verified 9-token steps timed at 1.2 s, plain 8-row
+    steps at 55 ms. One exploration at 16 tokens (80 ms) does not count yet; the next
+    steps explore it too until 3 are timed, then the start-up group leaves the curve and
+    drafts that are always right are shown again."""
+    m = StepCostModel(margin=1.5)
+    c = DraftLengthController(k=8)
+    for _ in range(3):
+        m.observe(9, 1.2, speculative=True)
+        m.observe(1, 0.05)
+    ids = [f"r{i}" for i in range(8)]
+    pos = 0  # every request's tokens are 0, 1, 2, ... and its draft the next 8
+    explored = n = 0
+    for _ in range(40):
+        drafts = [list(range(pos + 1, pos + 9)) for _ in ids]
+        shown = shown_drafts(c, m, ids, drafts, [0] * 8, 8)
+        n = sum(map(len, shown))
+        if n > 8:
+            break
+        explored += n == 8
+        m.observe(8 + n, 0.080 if n else 0.055, speculative=bool(n))
+        for rid, d in zip(ids, shown):
+            c.observe(rid, list(range(pos + 1, pos + 2 + len(d))))
+        pos += 1  # the exploring row runs ahead; the others' drafts still match
+    assert explored == 3
+    assert n > 8
+
+
 def _verified_only(**kwargs) -> StepCostModel:
     m = StepCostModel(margin=1.5, **kwargs)
     for _ in range(3):

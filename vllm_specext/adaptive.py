@@ -441,6 +441,7 @@ class StepCostModel:
         self.explore_backoff = explore_backoff
         self._explore_gap = explore_every  # decode steps from a verified step to exploring
         self._exploration_due = False  # the next verified step is an exploration's
+        self._explore_more = 0  # explorations due in a row: the size explored is unmeasured
         self.explore_size_every = explore_size_every
         self._since_verified = 0  # decode steps observed since the last verified one
         self._plain_probes = 0  # steps run plain by plain_due since _probes_began
@@ -478,14 +479,19 @@ class StepCostModel:
     def exploring(self) -> bool:
         """Whether a step should verify drafts although the curves say it does not pay:
         fitted, and no verified step among the last ``explore_every`` decode steps
-        (more after explorations that changed nothing, see ``explore_backoff``). The
+        (more after explorations that changed nothing, see ``explore_backoff``), and at
+        the next steps while the size explored still lacks ``min_samples`` timed steps
+        (until then its time does not count: in the e2e benchmark at batch 8, one
+        exploration every 32 steps left 16-token steps, timed at 75-90 ms, unmeasured,
+        while a 9-token group timed at 1.2 s during start-up priced drafting out). The
         curves only learn from steps that run, so without it a few slow verified steps
         (one-time costs, another process's burst) would stop drafting for good: offline
         (``benchmarks/adaptive_replay.py``'s sequence with its first 10 verified steps
         timed 10x slower, scratch), every workload then ran at tau 1.00. Counted again
         from an exploration (see :meth:`explored`), so a step that is not timed (a
         prefill chunk in the batch) does not make every following step explore."""
-        return self._since_verified >= self._explore_gap and self.fitted
+        return (self._explore_more > 0 or self._since_verified >= self._explore_gap
+                ) and self.fitted
 
     def plain_due(self, rows: int) -> bool:
         """Whether a step of ``rows`` decoding requests that would verify drafts should run
@@ -577,13 +583,21 @@ class StepCostModel:
         """A step of ``tokens`` tokens is about to verify drafts because of
         :attr:`exploring` or :meth:`unmeasured`; ``backoff``: it verifies nothing else
         (an :attr:`exploring` step), so the next exploration comes after twice the gap
-        unless a step verifies drafts of its own first (``explore_backoff``)."""
+        unless a step verifies drafts of its own first (``explore_backoff``), and the
+        next steps explore too while that size lacks ``min_samples`` timed steps."""
         self._since_verified = 0
-        self._explored[self._bucket(tokens)] = self._steps
-        if backoff:
-            self._explore_gap = min(2 * self._explore_gap,
-                                    self.explore_backoff * self.explore_every)
-            self._exploration_due = True
+        key = self._bucket(tokens)
+        self._explored[key] = self._steps
+        if not backoff:
+            return
+        self._exploration_due = True
+        if self._explore_more > 0:
+            self._explore_more -= 1
+            return
+        self._explore_gap = min(2 * self._explore_gap, self.explore_backoff * self.explore_every)
+        group = self._groups.get((key, True))
+        timed = 0 if group is None else self.min_samples if group.ready else group.count
+        self._explore_more = max(0, self.min_samples - 1 - timed)
 
     def _bucket(self, tokens: float) -> int:
         return int(self.buckets_per_octave * math.log2(tokens))
