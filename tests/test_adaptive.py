@@ -427,6 +427,26 @@ def test_an_unmeasured_size_is_explored_until_it_counts():
     assert n > 8
 
 
+def test_a_step_grows_at_most_twice_past_what_was_measured():
+    """Only 8-row plain and 16-token verified steps are measured, all cheap: drafts that
+    would make a 72-token step are cut to 32 tokens in all, each keeping its first
+    tokens, longest cut first; once 32-token steps count, to 64."""
+    m = StepCostModel()
+    for _ in range(3):
+        m.observe(8, 0.055)
+        m.observe(16, 0.060, speculative=True)
+    assert m.token_limit() == 32
+    c = DraftLengthController(k=8, prior_alpha=0.95)
+    ids = [f"r{i}" for i in range(8)]
+    drafts = [list(range(8)) for _ in range(7)] + [[0, 1]]
+    shown = shown_drafts(c, m, ids, drafts, [0] * 8, 8)
+    assert [len(d) for d in shown] == [3] * 7 + [2]
+    assert all(d == full[:len(d)] for d, full in zip(shown, drafts))
+    for _ in range(3):
+        m.observe(32, 0.065, speculative=True)
+    assert [len(d) for d in shown_drafts(c, m, ids, drafts, [0] * 8, 8)] == [7] * 7 + [2]
+
+
 def _verified_only(**kwargs) -> StepCostModel:
     m = StepCostModel(margin=1.5, **kwargs)
     for _ in range(3):

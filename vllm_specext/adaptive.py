@@ -289,7 +289,9 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     cost model is :attr:`~StepCostModel.exploring`, and a step that shows drafts shows the
     most-cut one in full when the size that step then has is
     :meth:`~StepCostModel.unmeasured`; a step that would show drafts runs plain instead
-    when :meth:`~StepCostModel.plain_due`. The vLLM adapter and the offline simulation
+    when :meth:`~StepCostModel.plain_due`. Last, the drafts are cut to the step size the
+    measured curves can vouch for (:meth:`~StepCostModel.token_limit`; each draft keeps its
+    first tokens, the longest cut first). The vLLM adapter and the offline simulation
     (``benchmarks/adaptive_replay.py``) both decide through this function.
 
     Args:
@@ -317,20 +319,33 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     if any(shown) and rows == len(req_ids) and cost_model.plain_due(rows):
         cost_model.probed_plain(rows)  # every row decodes, so the plain step is timed
         return controller.withhold(req_ids)
+    limit = cost_model.token_limit()
     if any(shown):  # the step verifies anyway: the most-cut draft in full, when its size is due
         i = max(range(len(full)), key=lambda j: len(full[j]) - len(shown[j]))
         tokens = rows + sum(map(len, shown)) - len(shown[i]) + len(full[i])
         if len(shown[i]) == len(full[i]) or not cost_model.unmeasured(tokens):
-            return shown
+            return _level(shown, limit - rows)
     elif cost_model.exploring and any(full):  # re-measure: the likeliest full draft
         i = max((j for j in range(len(full)) if full[j]), key=lambda j: controller.
                 expected_accepted(req_ids[j], len(full[j]), kinds[j]))
-        tokens = rows + len(full[i])
     else:
         return shown
-    cost_model.explored(tokens, backoff=not any(shown))
+    backoff = not any(shown)
     shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
+    shown = _level(shown, limit - rows)
+    cost_model.explored(rows + sum(map(len, shown)), backoff)
     return shown
+
+
+def _level(drafts: list[list[int]], budget: float) -> list[list[int]]:
+    """``drafts`` cut to at most ``budget`` tokens in all (unlimited: ``inf``), each
+    keeping its first tokens: the longest are cut first, down to one common length."""
+    if sum(map(len, drafts)) <= budget:
+        return drafts
+    cap = max(map(len, drafts))
+    while cap > 0 and sum(min(len(d), cap) for d in drafts) > budget:
+        cap -= 1
+    return [d[:cap] for d in drafts]
 
 
 def _check(owner: str, checks: Sequence[tuple[str, Any, bool, str]]) -> None:
@@ -598,6 +613,19 @@ class StepCostModel:
         group = self._groups.get((key, True))
         timed = 0 if group is None else self.min_samples if group.ready else group.count
         self._explore_more = max(0, self.min_samples - 1 - timed)
+
+    def token_limit(self) -> float:
+        """The most tokens a step may schedule: twice the most of any step group that
+        counts (``inf`` before any does). Beyond its measured range a curve is
+        extrapolated optimistically, so that larger steps get tried; this bounds how far.
+        In the e2e benchmark at batch 8 (CPU), with 16-token verified steps measured at
+        ~100 ms and nothing larger, the extrapolation read ~102 ms for 51 and 61 tokens,
+        which took 230 ms (the curve is flat to ~36 tokens there, then rises ~4 ms per
+        token); at batch 32, with 9-token steps measured, 170-252-token steps ran at
+        0.48-0.78 s."""
+        sizes = [g.n for g in self._groups.values()
+                 if g.ready and self._steps - g.last < self.stale_steps]
+        return 2.0 * max(sizes) if sizes else math.inf
 
     def _bucket(self, tokens: float) -> int:
         return int(self.buckets_per_octave * math.log2(tokens))
