@@ -347,6 +347,10 @@ def test_a_plain_price_follows_a_new_level_within_a_few_steps():
     assert m.step_time(32) < 0.088 * 1.05
     m.observe(32, 0.400)  # a stall (e.g. a garbage collection)
     assert m.step_time(32) < 0.088 * 1.05
+    fresh = StepCostModel()
+    for t in (0.1, 0.1, 0.1, 0.4):  # the same right after a group starts
+        fresh.observe(32, t)
+    assert fresh.step_time(32) == pytest.approx(0.1)
     for _ in range(3):
         m.observe(40, 0.104, speculative=True)
     assert m.draft_cost(32, 8) == pytest.approx(0.104 - m.step_time(32), rel=0.01)
@@ -425,6 +429,52 @@ def test_an_unmeasured_size_is_explored_until_it_counts():
         pos += 1  # the exploring row runs ahead; the others' drafts still match
     assert explored == 3
     assert n > 8
+
+
+def test_an_exploration_series_ends_when_drafting_pays_or_nothing_is_shown():
+    """Explorations that continue until their size counts stop once a step verifies drafts
+    of its own (nothing is left pending for later); an exploration that the step-size
+    limit cuts to nothing is not counted as one."""
+    m = StepCostModel(explore_every=4)
+    for _ in range(3):
+        m.observe(2, 0.1)
+        m.observe(9, 0.3, speculative=True)
+    for _ in range(4):
+        m.observe(2, 0.1)
+    assert m.exploring
+    m.explored(18, backoff=True)  # a size never timed: the next steps would explore too
+    m.observe(18, 0.2, speculative=True)
+    assert m.exploring
+    m.observe(5, 0.15, speculative=True)  # a step verifying drafts of its own
+    assert not m.exploring
+    m = StepCostModel(explore_every=4)
+    c = DraftLengthController(k=8)
+    for _ in range(3):
+        m.observe(4, 0.1)
+        m.observe(5, 2.0, speculative=True)
+    assert m.token_limit() == 10
+    ids = [f"r{i}" for i in range(10)]
+    for _ in range(4):
+        m.observe(4, 0.1)
+    assert m.exploring  # rows above the limit: the exploration is cut to nothing
+    assert not any(shown_drafts(c, m, ids, [[1, 2]] * 10, [0] * 10, 10))
+    assert m.exploring  # not counted: still due
+
+
+def test_a_start_up_price_of_full_drafts_leaves_the_curve():
+    """Batch 8's first steps verified every request's full draft (72 tokens) at 2.5 s
+    (start-up); later explorations time 16-token steps at 80 ms. No later step reaches 72
+    tokens, but its time per token (35 ms) is over 2x the 16-token one's (5 ms): it
+    leaves the curve, and 72 tokens are priced from what was measured since."""
+    m = StepCostModel(margin=1.5)
+    for _ in range(3):
+        m.observe(72, 2.5, speculative=True)
+    for _ in range(3):
+        m.observe(8, 0.055)
+    assert m.step_time(72, speculative=True) == pytest.approx(2.5)
+    for _ in range(3):
+        m.observe(16, 0.080, speculative=True)
+    assert m.step_time(72, speculative=True) < 0.2
 
 
 def test_a_step_grows_at_most_twice_past_what_was_measured():

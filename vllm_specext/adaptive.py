@@ -286,7 +286,8 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     withheld unless the batch's expected accepted tokens pay for their measured cost
     (:meth:`StepCostModel.pays_off`). So that what verifying costs is measured again, a
     withheld step shows the full draft of the request expected to accept most when the
-    cost model is :attr:`~StepCostModel.exploring`, and a step that shows drafts shows the
+    cost model is :attr:`~StepCostModel.exploring` (an exploration cut to nothing by the
+    limit below is not one), and a step that shows drafts shows the
     most-cut one in full when the size that step then has is
     :meth:`~StepCostModel.unmeasured`; a step that would show drafts runs plain instead
     when :meth:`~StepCostModel.plain_due`. Last, the drafts are cut to the step size the
@@ -333,7 +334,8 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     backoff = not any(shown)
     shown[i] = controller.trim([req_ids[i]], [full[i]], 0.0, [kinds[i]])[0]
     shown = _level(shown, limit - rows)
-    cost_model.explored(rows + sum(map(len, shown)), backoff)
+    if shown[i]:  # not cut to nothing by the limit
+        cost_model.explored(rows + sum(map(len, shown)), backoff)
     return shown
 
 
@@ -411,9 +413,10 @@ class StepCostModel:
             a verified group unobserved that long restarts from its next step when that
             is more than 2x faster, and a group out of order with one observed that much
             later is left out of the curve.
-        explore_backoff: an exploration after which the step still verified nothing of its
-            own doubles the gap to the next, up to this many times ``explore_every``
-            (>= 1; 1: a fixed gap); a step that verifies drafts of its own resets it.
+        explore_backoff: each exploration (of a step that would verify nothing else)
+            doubles the gap to the next, up to this many times ``explore_every`` (>= 1;
+            1: a fixed gap), unless the step after it verifies drafts of its own; any
+            such step resets the gap.
             Where drafting does not pay (a large batch on a CPU), each exploration costs
             a step that verifies one extra draft: at batch 32 in the e2e benchmark 8
             tokens on 32 made that step 3-80% slower, about 1% of all time at a gap of 32.
@@ -455,8 +458,9 @@ class StepCostModel:
         self.explore_every = explore_every
         self.explore_backoff = explore_backoff
         self._explore_gap = explore_every  # decode steps from a verified step to exploring
-        self._exploration_due = False  # the next verified step is an exploration's
-        self._explore_more = 0  # explorations due in a row: the size explored is unmeasured
+        self._explored_at = -1  # decode steps observed when the last exploration began
+        # an explored size that does not count yet: (bucket, explorations left for it)
+        self._measuring: tuple[int, int] | None = None
         self.explore_size_every = explore_size_every
         self._since_verified = 0  # decode steps observed since the last verified one
         self._plain_probes = 0  # steps run plain by plain_due since _probes_began
@@ -476,9 +480,8 @@ class StepCostModel:
             return
         self._steps += 1
         self._since_verified = 0 if speculative else self._since_verified + 1
-        if speculative and not self._exploration_due:
-            self._explore_gap = self.explore_every
-        self._exploration_due = self._exploration_due and not speculative
+        if speculative and self._steps != self._explored_at + 1:  # drafts of its own
+            self._explore_gap, self._measuring = self.explore_every, None
         key = (self._bucket(tokens), bool(speculative))
         group = self._groups.get(key)
         if group is None:
@@ -494,19 +497,29 @@ class StepCostModel:
     def exploring(self) -> bool:
         """Whether a step should verify drafts although the curves say it does not pay:
         fitted, and no verified step among the last ``explore_every`` decode steps
-        (more after explorations that changed nothing, see ``explore_backoff``), and at
-        the next steps while the size explored still lacks ``min_samples`` timed steps
-        (until then its time does not count: in the e2e benchmark at batch 8, one
-        exploration every 32 steps left 16-token steps, timed at 75-90 ms, unmeasured,
-        while a 9-token group timed at 1.2 s during start-up priced drafting out). The
+        (more after explorations that changed nothing, see ``explore_backoff``); or, for
+        at most ``min_samples - 1`` steps after an exploration, while the size it explored
+        has fewer than ``min_samples`` timed steps (until then its time does not count:
+        in the e2e benchmark at batch 8, one exploration every 32 steps left 16-token
+        steps, timed at 75-90 ms, unmeasured, while a 9-token group timed at 1.2 s during
+        start-up priced drafting out). The
         curves only learn from steps that run, so without it a few slow verified steps
         (one-time costs, another process's burst) would stop drafting for good: offline
         (``benchmarks/adaptive_replay.py``'s sequence with its first 10 verified steps
         timed 10x slower, scratch), every workload then ran at tau 1.00. Counted again
         from an exploration (see :meth:`explored`), so a step that is not timed (a
         prefill chunk in the batch) does not make every following step explore."""
-        return (self._explore_more > 0 or self._since_verified >= self._explore_gap
+        return (self._measuring_due() or self._since_verified >= self._explore_gap
                 ) and self.fitted
+
+    def _measuring_due(self) -> bool:
+        """Whether the last exploration's size still lacks ``min_samples`` timed steps and
+        may be explored again."""
+        if self._measuring is None:
+            return False
+        key, left = self._measuring
+        group = self._groups.get((key, True))
+        return left > 0 and not (group is not None and group.ready)
 
     def plain_due(self, rows: int) -> bool:
         """Whether a step of ``rows`` decoding requests that would verify drafts should run
@@ -597,22 +610,21 @@ class StepCostModel:
     def explored(self, tokens: int, backoff: bool = False) -> None:
         """A step of ``tokens`` tokens is about to verify drafts because of
         :attr:`exploring` or :meth:`unmeasured`; ``backoff``: it verifies nothing else
-        (an :attr:`exploring` step), so the next exploration comes after twice the gap
-        unless a step verifies drafts of its own first (``explore_backoff``), and the
-        next steps explore too while that size lacks ``min_samples`` timed steps."""
+        (an :attr:`exploring` step). Unless the step right after it verifies drafts of
+        its own, the next exploration then comes after twice the gap
+        (``explore_backoff``), and while the size explored lacks ``min_samples`` timed
+        steps the next steps explore too (at most ``min_samples - 1`` of them)."""
         self._since_verified = 0
         key = self._bucket(tokens)
         self._explored[key] = self._steps
         if not backoff:
             return
-        self._exploration_due = True
-        if self._explore_more > 0:
-            self._explore_more -= 1
+        self._explored_at = self._steps
+        if self._measuring_due():  # the same series: one exploration fewer left
+            self._measuring = (key, self._measuring[1] - 1)
             return
         self._explore_gap = min(2 * self._explore_gap, self.explore_backoff * self.explore_every)
-        group = self._groups.get((key, True))
-        timed = 0 if group is None else self.min_samples if group.ready else group.count
-        self._explore_more = max(0, self.min_samples - 1 - timed)
+        self._measuring = (key, self.min_samples - 1)
 
     def token_limit(self) -> float:
         """The most tokens a step may schedule: twice the most of any step group that
@@ -791,9 +803,10 @@ class _StepGroup:
                 self.count, self.outliers, self.recent = min_samples, [], []
                 return
         seconds = min(max(seconds, 0.5 * self.t), 2.0 * self.t)
-        if median_of > 1:
-            self.recent = self.recent[1 - median_of:] + [seconds]
-            seconds = sorted(self.recent)[len(self.recent) // 2]
+        if median_of > 1:  # from a (re)start the window begins with the group's time
+            self.recent = (self.recent or [self.t] * (median_of - 1))[1 - median_of:]
+            self.recent.append(seconds)
+            seconds = sorted(self.recent)[median_of // 2]
         w = max(1.0 / self.count, smoothing)
         self.n += w * (tokens - self.n)
         self.t += w * (seconds - self.t)
@@ -819,10 +832,17 @@ def _isotonic(points: list[tuple[float, float, float, int]],
     one-token plain steps at 1-4 s, then 32-token ones at 0.15 s) and not run at since
     must not hold the curve above what newer steps measured. The
     older point of an out-of-order pair is dropped only when it is the slower one
-    (interference only slows steps): a newer slow point at fewer tokens is pooled."""
-    kept = [p for p in points if not any(
-        q[0] > p[0] and q[3] > p[3] and q[1] * (1 if q[3] - p[3] > stale_gap else 2) < p[1]
-        for q in points)]
+    (interference only slows steps): a newer slow point at fewer tokens is pooled.
+
+    Likewise a point whose time per token is more than 2x that of one of fewer tokens
+    observed later: a step's time per token does not grow with its tokens (a fixed cost
+    spread over more of them), so the larger point was slowed. Without this, verified
+    steps of every request's full draft timed during start-up (e.g. 72 tokens at batch 8)
+    kept that size's start-up price for ``stale_steps`` steps, since no later step
+    reached that many tokens."""
+    kept = [p for p in points if not any(q[3] > p[3] and (
+        q[1] * (1 if q[3] - p[3] > stale_gap else 2) < p[1] if q[0] > p[0]
+        else 2 * q[1] * p[0] < p[1] * q[0]) for q in points)]
     blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w]
     for x, y, w, _ in kept:
         blocks.append([w * x, w * y, w])
