@@ -43,7 +43,8 @@ slowest (see the README).
 Reported per (workload, batch, configuration), medians over rounds (TPOT/TTFT: over all
 requests of all rounds): output tokens/s, its ratio to the paired ``none`` (median, min
 and max over rounds), TPOT and TTFT (ms; TTFT at batch B includes queueing behind the
-batch), TTFT ratio to the paired ``none``,
+batch), TTFT ratio to the paired ``none`` (median over requests of the per-request
+ratio, both engines having run the same prompts),
 tau (output tokens per target step), mean acceptance length (vLLM's: drafted steps
 only), draft acceptance rate, and how many greedy outputs are token-identical to
 ``none`` (compare in float32: bf16 rounding differs between batch shapes).
@@ -335,8 +336,7 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
                     if r["base_tokens_per_s"]]
         vs_ref = [r["tokens_per_s"] / r["ref_tokens_per_s"] for r in mine
                   if r.get("ref_tokens_per_s")]
-        ttft_ratios = [_median(r["ttft_s"]) / _median(r["base_ttft_s"]) for r in mine
-                       if r["ttft_s"] and r["base_ttft_s"]]
+        ttft_ratios = [ratio for r in mine for ratio in _ttft_ratios(r)]
         drafted = [r["num_accepted_tokens"] / r["num_draft_tokens"]
                    for r in mine if r["num_draft_tokens"]]
         rows.append({
@@ -358,6 +358,18 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
             "compared": sum(len(r["token_ids"]) for r in mine),
         })
     return rows
+
+
+def _ttft_ratios(run: dict) -> list[float]:
+    """A run's TTFT relative to its ``none``'s: per request, paired prompt by prompt
+    (both lists are in prompt order), or, when a request went unmeasured on one side,
+    the one ratio of the two medians; [] when either side has none."""
+    mine, base = run["ttft_s"], run["base_ttft_s"]
+    if not mine or not base:
+        return []
+    if len(mine) == len(base):
+        return [t / b for t, b in zip(mine, base)]
+    return [_median(mine) / _median(base)]
 
 
 def _ms(seconds: float | None) -> float | None:

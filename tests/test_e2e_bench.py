@@ -114,3 +114,11 @@ def test_a_reference_joins_every_group_and_pairs_each_configuration(e2e):
     assert "1.10×" in e2e.speedup_table(list(rows.values()), "vs_reference")
     no_reference = {key: v for key, v in runs[2].items() if key != "ref_tokens_per_s"}
     assert e2e.summarize([no_reference])[0]["vs_reference"] is None
+
+
+def test_ttft_ratio_pairs_requests_prompt_by_prompt(e2e):
+    paired = {"ttft_s": [0.2, 0.3], "base_ttft_s": [0.1, 0.3]}
+    assert e2e._ttft_ratios(paired) == pytest.approx([2.0, 1.0])
+    one_missing = {"ttft_s": [0.2, 0.3, 0.4], "base_ttft_s": [0.1, 0.3]}
+    assert e2e._ttft_ratios(one_missing) == pytest.approx([0.3 / 0.2])  # medians
+    assert e2e._ttft_ratios({"ttft_s": [], "base_ttft_s": [0.1]}) == []
