@@ -171,3 +171,86 @@ def test_fastdeploy_spellings():
 def test_use_builtin_is_validated(spec, key):
     with pytest.raises(SpecExtConfigError, match=key):
         normalise(spec)
+
+
+@pytest.mark.parametrize("spec,key", [
+    ({"method": "suffix", "suffix_decoding_max_spec_offset": float("nan")},
+     "suffix_decoding_max_spec_offset"),
+    ({"method": "suffix", "suffix_decoding_max_spec_offset": "inf"},
+     "suffix_decoding_max_spec_offset"),
+    ({"method": "suffix", "suffix_decoding_max_spec_offset": 1e20},
+     "suffix_decoding_max_spec_offset"),
+    ({"method": "suffix", "suffix_decoding_max_spec_factor": float("inf")},
+     "suffix_decoding_max_spec_factor"),
+    ({"method": "suffix", "suffix_decoding_max_spec_factor": 1e39},
+     "suffix_decoding_max_spec_factor"),
+    ({"method": "suffix", "suffix_decoding_max_cached_requests": 10 ** 30},
+     "suffix_decoding_max_cached_requests"),
+    ({"method": "ngram", "adaptive_threshold": float("nan")}, "adaptive_threshold"),
+    ({"method": "mtp_ngram", "model": ""}, "model"),
+])
+def test_non_finite_and_unbounded_numbers_are_refused(spec, key):
+    """An infinite or huge draft-cap factor/offset would silently turn drafting off."""
+    with pytest.raises(SpecExtConfigError, match=key):
+        validate_config(spec)
+
+
+@pytest.mark.parametrize("spec,names", [
+    ({"method": "ngram", "num_speculative_tokens": 8, "num-speculative-tokens": 2},
+     ("num_speculative_tokens", "num-speculative-tokens")),
+    ({"method": "memory_decoding", "decoding_length": 8, "decoding-length": 4},
+     ("decoding_length", "decoding-length")),
+    ({"method": "mtp", "mtp_strategy": "with_ngram", "max_ngram_size": 5,
+      "prompt_lookup_max": 3}, ("max_ngram_size", "prompt_lookup_max")),
+    ({"plugin_params": {"plugin_type": "la", "level": 4}, "level": 5}, ("level",)),
+])
+def test_a_key_given_twice_is_refused(spec, names):
+    for check in (validate_config, normalise):
+        with pytest.raises(SpecExtConfigError, match="give") as err:
+            check(dict(spec))
+        assert all(n in str(err.value) for n in names)
+
+
+def test_fastdeploy_alias_agreeing_with_ours_is_fine():
+    _, ours = normalise({"method": "mtp", "mtp_strategy": "with_ngram", "max_ngram_size": 4,
+                         "prompt_lookup_max": 4, "num_model_steps": 1})
+    assert ours["prompt_lookup_max"] == 4
+
+
+@pytest.mark.parametrize("spec,match", [
+    ({"method": ["ngram"]}, "'method': got list"),
+    ({"plugin_type": ["la"]}, "'plugin_type': got"),
+    ({}, "'method' is missing"),
+    ({"Method": "ngram"}, "did you mean 'method'"),
+    ({"method ": "ngram"}, "did you mean 'method'"),
+    ({"plugin_params": "{not json"}, "'plugin_params': not valid JSON"),
+    ({"plugin_params": [1, 2]}, "'plugin_params': got list"),
+])
+def test_method_key_errors_are_ours(spec, match):
+    with pytest.raises(SpecExtConfigError, match=match):
+        validate_config(spec)
+    if spec:  # vLLM infers a missing method from its draft model; ours are checked
+        with pytest.raises(SpecExtConfigError, match=match):
+            normalise(spec)
+
+
+@pytest.mark.parametrize("params", [
+    {"plugin_type": "memory_decoding", "decoding_length": 8, "dynamic_algo": True},
+    '{"plugin_type": "memory_decoding", "decoding_length": 8, "dynamic_algo": true}',
+])
+def test_mindie_plugin_params_wrapper(params):
+    cfg = validate_config({"plugin_params": params})
+    assert (cfg.method, cfg.decoding_length, cfg.num_speculative_tokens, cfg.dynamic_algo) == (
+        "memory_decoding", 8, 8, True)
+
+
+@pytest.mark.parametrize("spec,k", [
+    ({"method": "lookahead", "window": "10"}, 10),
+    ({"method": "lookahead", "window": 10}, 10),
+    ({"method": "lookahead", "level": "8"}, 7),
+    ({"method": "lookahead", "level": 8}, 7),
+    ({"method": "lookahead", "num_speculative_tokens": 3.0}, 3),
+    ({"method": "lookahead", "num_speculative_tokens": "3"}, 3),
+])
+def test_lookahead_reads_numeric_strings_like_ints(spec, k):
+    assert validate_config(spec).num_speculative_tokens == k

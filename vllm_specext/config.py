@@ -9,6 +9,7 @@ allowed values, at config time.
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import typing
 from typing import Any, ClassVar, Literal
@@ -30,7 +31,9 @@ class VerifyConfig(BaseModel):
     """How drafts are verified (see :mod:`vllm_specext.verify`). These keys also work with
     vLLM's own methods, e.g. ``{"method": "eagle", ..., "verify_strategy": "greedy"}``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and inf are refused in every float key (an infinite factor would silently
+    # turn drafting off, a NaN bound compares false everywhere)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     verify_strategy: Literal["standard", "greedy", "top_p", "target_match"] = Field(
         "standard", description="standard (vLLM's rule, lossless), greedy, target_match "
@@ -150,11 +153,11 @@ class SuffixConfig(MethodConfig):
                     "32 and 64 gave the same tau on Spec-Bench and OpenHands, and every "
                     "committed token costs O(depth)")
     suffix_decoding_max_cached_requests: int = Field(
-        10000, ge=-1,
+        10000, ge=-1, le=(1 << 31) - 1,
         description="finished outputs kept in the global tree, FIFO (-1: unbounded, 0: no "
                     "global tree). vLLM's 10000 kept: no trace stream exceeds 1,700 requests")
     suffix_decoding_max_spec_factor: float = Field(
-        8.0, ge=0.0,
+        8.0, ge=0.0, le=MAX_SPEC_LEN,
         description="a longest match of m tokens drafts at most int(m * factor + offset). "
                     "8.0 (vs vLLM's 1.0) at k = 8: tau +7% (MT-Bench) to +17% (RAG), "
                     "acceptance rate 0.30-0.52 -> 0.09-0.26; 2.0 / 4.0 give about half / "
@@ -164,7 +167,8 @@ class SuffixConfig(MethodConfig):
         description="stop drafting when the path probability (product of vote shares) falls "
                     "below this. 0.05 (vs vLLM's 0.1): tau +0.2-0.6%; 0.0 adds <= 0.2%")
     suffix_decoding_max_spec_offset: float = Field(
-        0.0, description="offset of the per-match draft cap (Arctic's max_spec_offset)")
+        0.0, ge=-MAX_SPEC_LEN, le=MAX_SPEC_LEN,
+        description="offset of the per-match draft cap (Arctic's max_spec_offset)")
     rejected_tail: int = _rejected_tail_field()
 
 
@@ -265,11 +269,8 @@ class LookaheadConfig(MethodConfig):
         if not isinstance(data, dict):
             return data
 
-        def given(key):
-            v = data.get(key)
-            return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-        k, w, n = given("num_speculative_tokens"), given("window"), given("level")
+        k, w, n = (_as_int(data.get(key)) for key in ("num_speculative_tokens", "window",
+                                                      "level"))
         if data.get("num_speculative_tokens") is None:
             w = 5 if data.get("window") is None else w
             n = 4 if data.get("level") is None else n
@@ -310,7 +311,8 @@ class MtpNgramConfig(NgramConfig):
                                                  "min_ngram_size": "prompt_lookup_min"}
     num_model_steps: int = Field(1, ge=1, le=MAX_SPEC_LEN,
                                  description="m: draft tokens from the MTP layers per step")
-    model: str | None = None
+    model: str | None = Field(None, min_length=1,
+                              description="MTP weights (default: the target model's)")
 
     @model_validator(mode="after")
     def _k_ge_m(self):
@@ -333,7 +335,7 @@ class MtpNgramConfig(NgramConfig):
         Raises:
             SpecExtConfigError: ``mtp_strategy`` with another method or value.
         """
-        spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
+        spec = canonical_keys(spec)
         if "mtp_strategy" not in spec:
             return spec
         strategy = spec.pop("mtp_strategy")
@@ -345,6 +347,10 @@ class MtpNgramConfig(NgramConfig):
             spec["method"] = cls.METHOD
             for theirs, ours in cls.FASTDEPLOY_KEYS.items():
                 if theirs in spec:
+                    if ours in spec and spec[ours] != spec[theirs]:
+                        raise SpecExtConfigError(
+                            f"{theirs!r} ({spec[theirs]!r}, FastDeploy's name) contradicts "
+                            f"{ours!r} ({spec[ours]!r}); give one of them")
                     spec[ours] = spec.pop(theirs)
         return spec
 
@@ -359,27 +365,89 @@ METHODS: dict[str, type[MethodConfig]] = {
 MINDIE_PLUGIN_TYPES = {"memory_decoding": "memory_decoding", "la": "lookahead"}
 
 
+def canonical_keys(spec: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``spec`` with ``-`` in keys spelled ``_``.
+
+    Raises:
+        SpecExtConfigError: two keys that are the same key once spelled so (e.g.
+            ``num-speculative-tokens`` and ``num_speculative_tokens``): which one wins
+            would be a guess.
+    """
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in spec.items():
+        canon = str(key).replace("-", "_")
+        if canon in out:
+            raise SpecExtConfigError(f"{spelled[canon]!r} and {key!r} are the same key "
+                                     f"({canon!r}) given twice; give it once")
+        out[canon], spelled[canon] = value, str(key)
+    return out
+
+
+def _unwrap_plugin_params(spec: dict[str, Any]) -> dict[str, Any]:
+    """MindIE's wrapper ``{"plugin_params": {...} or "<JSON object>"}``: its keys merged
+    into the others."""
+    params = spec.pop("plugin_params")
+    if isinstance(params, str):
+        try:
+            params = json.loads(params)
+        except json.JSONDecodeError as err:
+            raise SpecExtConfigError(f"'plugin_params': not valid JSON ({err})") from None
+    if not isinstance(params, dict):
+        raise SpecExtConfigError(f"'plugin_params': got {type(params).__name__} "
+                                 f"{params!r}; allowed: a JSON object (or a string of one)")
+    params = canonical_keys(params)
+    for key in params.keys() & spec.keys():
+        if params[key] != spec[key]:
+            raise SpecExtConfigError(f"{key!r} is given in 'plugin_params' ({params[key]!r}) "
+                                     f"and beside it ({spec[key]!r}); give it once")
+    return {**spec, **params}
+
+
+def _check_method_key(spec: dict[str, Any]) -> None:
+    """``method``, when given, is a string; a key that is ``method`` up to case and
+    spaces is not mistaken for a missing one."""
+    if "method" in spec:
+        if not isinstance(spec["method"], str):
+            raise SpecExtConfigError(
+                f"'method': got {type(spec['method']).__name__} {spec['method']!r}; allowed: "
+                f"a string, one of ours ({', '.join(METHODS)}) or one of vLLM's")
+        return
+    for key in spec:
+        if key.strip().lower() == "method":
+            raise SpecExtConfigError(f"unknown key {key!r}: did you mean 'method'? (keys are "
+                                     f"lower case, without spaces)")
+
+
 def resolve_aliases(spec: dict[str, Any]) -> dict[str, Any]:
     """Map other projects' spellings of a speculative config onto ours.
 
-    ``-`` in keys becomes ``_``; MindIE's ``{"plugin_type": "memory_decoding" | "la", ...}``
-    becomes ``method`` ``memory_decoding`` / ``lookahead``; FastDeploy's
-    ``{"method": "mtp", "mtp_strategy": ...}`` is handled by
-    :meth:`MtpNgramConfig.resolve_alias`. Other dicts are returned unchanged (a copy).
+    ``-`` in keys becomes ``_`` (:func:`canonical_keys`); MindIE's wrapper
+    ``{"plugin_params": {...}}`` (or a JSON string of it) is unwrapped, and its
+    ``{"plugin_type": "memory_decoding" | "la", ...}`` becomes ``method``
+    ``memory_decoding`` / ``lookahead``; FastDeploy's ``{"method": "mtp", "mtp_strategy":
+    ...}`` is handled by :meth:`MtpNgramConfig.resolve_alias`. Other dicts are returned
+    unchanged (a copy).
 
     Raises:
-        SpecExtConfigError: an unknown ``plugin_type``, or one that contradicts ``method``.
+        SpecExtConfigError: a key given twice (in two spellings, or in and beside
+            ``plugin_params``), an unknown ``plugin_type`` or one that contradicts
+            ``method``, a ``method`` that is not a string, or a key that is ``method``
+            mistyped by case or spaces.
     """
-    spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
+    spec = canonical_keys(spec)
+    if "plugin_params" in spec:
+        spec = _unwrap_plugin_params(spec)
     if "plugin_type" in spec:
         plugin = spec.pop("plugin_type")
-        method = MINDIE_PLUGIN_TYPES.get(plugin)
+        method = MINDIE_PLUGIN_TYPES.get(plugin) if isinstance(plugin, str) else None
         if method is None:
             raise SpecExtConfigError(f"'plugin_type': got {plugin!r}; allowed: "
                                      f"{', '.join(map(repr, MINDIE_PLUGIN_TYPES))}")
         if spec.setdefault("method", method) != method:
             raise SpecExtConfigError(f"'plugin_type' {plugin!r} contradicts 'method' "
                                      f"{spec['method']!r}; give one of them")
+    _check_method_key(spec)
     return MtpNgramConfig.resolve_alias(spec)
 
 
@@ -503,6 +571,8 @@ def validate_config(config: dict[str, Any]) -> MethodConfig:
             "to vLLM's own implementation; validate_config and build_proposer make "
             "vllm_specext's proposers only")
     method = config.get("method")
+    if method is None:
+        raise SpecExtConfigError(f"'method' is missing; allowed: {', '.join(METHODS)}")
     if method not in METHODS:
         guess = close_method(method)
         raise SpecExtConfigError(

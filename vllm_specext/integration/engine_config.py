@@ -44,8 +44,7 @@ def normalise(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | No
     Raises:
         vllm_specext.config.SpecExtConfigError: our method with invalid keys/values.
     """
-    spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
-    spec = resolve_aliases(spec)  # MindIE plugin_type, FastDeploy mtp_strategy
+    spec = resolve_aliases(spec)  # '-' keys, MindIE plugin_params, FastDeploy mtp_strategy
     builtin = spec.pop("use_builtin", False)
     if not isinstance(builtin, bool):
         raise SpecExtConfigError(f"'use_builtin': got {builtin!r}; allowed: true or false")
