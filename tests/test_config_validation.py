@@ -234,6 +234,14 @@ def test_method_key_errors_are_ours(spec, match):
             normalise(spec)
 
 
+def test_a_null_method_is_left_to_vllm():
+    """vLLM infers a null method from its draft model; only ours need one."""
+    spec = {"method": None, "model": "some/draft-model", "num_speculative_tokens": 2}
+    assert normalise(dict(spec)) == (spec, None)
+    with pytest.raises(SpecExtConfigError, match="'method' is missing"):
+        validate_config(spec)
+
+
 @pytest.mark.parametrize("params", [
     {"plugin_type": "memory_decoding", "decoding_length": 8, "dynamic_algo": True},
     '{"plugin_type": "memory_decoding", "decoding_length": 8, "dynamic_algo": true}',

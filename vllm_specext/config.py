@@ -405,10 +405,11 @@ def _unwrap_plugin_params(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_method_key(spec: dict[str, Any]) -> None:
-    """``method``, when given, is a string; a key that is ``method`` up to case and
-    spaces is not mistaken for a missing one."""
+    """``method``, when given, is a string (or null: vLLM infers it from the draft
+    model); a key that is ``method`` up to case and spaces is not mistaken for a missing
+    one."""
     if "method" in spec:
-        if not isinstance(spec["method"], str):
+        if spec["method"] is not None and not isinstance(spec["method"], str):
             raise SpecExtConfigError(
                 f"'method': got {type(spec['method']).__name__} {spec['method']!r}; allowed: "
                 f"a string, one of ours ({', '.join(METHODS)}) or one of vLLM's")
