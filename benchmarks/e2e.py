@@ -27,7 +27,11 @@ its group (``vs_reference``): a comparison with vLLM's own method on the same en
 (``suffix``, ``memory_decoding``) never sees a prompt's output before it is timed: the
 workloads run once per engine, and the batch sizes reuse the same prompts in other
 engines.
-``--rounds`` repeats the whole cycle with fresh engines.
+``--rounds`` repeats the whole cycle with fresh engines. A batch-B cell is a closed batch:
+its last requests decode in a shrinking batch while the others are done. ``--slots``
+measures what a loaded server sees instead: each engine runs at most B requests at once
+(vLLM's ``max_num_seqs``) and a cell is B x ``--batch-units`` prompts in one
+``generate()``, so a finished request's slot takes the next prompt.
 
 By default the engine core runs in its own process, as ``LLM`` and ``vllm serve`` run
 it, and a unit is one ``generate()`` call timed by the wall clock. ``--slices S`` runs the
@@ -58,7 +62,7 @@ Usage::
     python benchmarks/e2e.py [--methods ngram,suffix,...,vllm_ngram] [-k 8]
         [--batch-sizes 1,8,32] [--workloads code_editing,...] [--max-tokens 128]
         [--rounds 1] [--batch1-prompts 4] [--batch-units 1] [--dtype float32] [--engines-at-once 4]
-        [--kv-cache-gib 1] [--slices SECONDS] [--reference vllm_ngram|none|CONFIG]
+        [--kv-cache-gib 1] [--slices SECONDS | --slots] [--reference vllm_ngram|none|CONFIG]
         [--out benchmarks/results/e2e.json]
     python benchmarks/e2e.py --quick   # smoke run: 1 round, batch 1 and 8,
                                        # code_editing + summarization, 48 tokens
@@ -153,19 +157,24 @@ def engine_groups(configs: list[str], engines_at_once: int,
 
 
 def units(workload: str, batch: int, batch1_prompts: int, max_tokens: int,
-          batch_units: int = 1) -> list[dict]:
+          batch_units: int = 1, slots: bool = False) -> list[dict]:
     """The cells that every engine of a group runs back to back, in rotating order: at
     batch 1 one cell per prompt (``batch1_prompts`` of them), else ``batch_units`` cells
     of the next ``batch`` prompts each, a cell's prompts sent in one ``generate()`` call
-    (at most as many cells as the workload has prompts for)."""
+    (at most as many cells as the workload has prompts for). ``slots`` (engines capped at
+    ``batch`` running requests): at batch B > 1 one cell of the first ``B * batch_units``
+    prompts, all in one ``generate()`` call, so that a finished request's slot takes the
+    next prompt."""
     chats = WORKLOADS[workload]
     if batch == 1:
         groups = [[c] for c in chats[:batch1_prompts]]
+    elif slots:
+        groups = [chats[:batch * batch_units]]
     else:
         groups = [chats[i:i + batch] for i in range(0, batch * batch_units, batch)
                   if i + batch <= len(chats)]
-    return [{"chats": g, "max_tokens": max_tokens, "temperature": 0.0, "batch_size": batch}
-            for g in groups]
+    return [{"chats": g, "max_tokens": max_tokens, "temperature": 0.0,
+             "batch_size": len(g) if slots else batch} for g in groups]
 
 
 def merge(results: list[dict]) -> dict:
@@ -188,12 +197,13 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                   dtype: str, timeout: float, engines_at_once: int = 4,
                   kv_cache_gib: int = 1, slices: float | None = None,
                   batch_units: int = 1, reference: str | None = None,
-                  on_group: Callable[[list[dict], list[dict]], None] | None = None
-                  ) -> tuple[list[dict], list[dict]]:
+                  on_group: Callable[[list[dict], list[dict]], None] | None = None,
+                  slots: bool = False) -> tuple[list[dict], list[dict]]:
     """Run every (round, batch size, group of configurations) with the group's engines
     alive at once (fresh engines per round and batch size), interleaved unit by unit, or
     ``slices`` seconds of engine time at a time (see :func:`_run_group`); ``reference``:
-    see :func:`engine_groups`.
+    see :func:`engine_groups`; ``slots``: see :func:`units` (each engine runs at most
+    ``batch`` requests at once, vLLM's ``max_num_seqs``).
 
     ``on_group(runs, errors)`` is called after every group with the results so far (the
     CLI writes them out, so a run stopped part-way keeps its finished groups).
@@ -214,7 +224,7 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                 start = time.perf_counter()
                 cells = _run_group_with_retry(label, group, configs, workloads, batch,
                                               batch1_prompts, max_tokens, dtype, timeout,
-                                              kv_cache_gib, slices, batch_units)
+                                              kv_cache_gib, slices, batch_units, slots)
                 if isinstance(cells, str):  # keep the other groups' results
                     errors.append({"round": rnd, "batch": batch, "config": "+".join(group),
                                    "error": cells})
@@ -262,7 +272,7 @@ def _run_group_with_retry(label: str, *args: Any) -> dict[tuple[str, str], dict]
 def _run_group(group: list[str], configs: dict[str, dict | None], workloads: list[str],
                batch: int, batch1_prompts: int, max_tokens: int, dtype: str,
                timeout: float, kv_cache_gib: int, slices: float | None,
-               batch_units: int = 1) -> dict[tuple[str, str], dict]:
+               batch_units: int = 1, slots: bool = False) -> dict[tuple[str, str], dict]:
     """Start the group's engines, warm each up untimed on a batch of
     :func:`workloads.warmup_chats`, run each workload's units on every engine (the order
     rotates by one engine per unit; with ``slices``, in-process engines get each unit's
@@ -271,7 +281,8 @@ def _run_group(group: list[str], configs: dict[str, dict | None], workloads: lis
     engines = {name: EngineProcess({"spec": configs[name], "dtype": dtype, "seed": 0,
                                     "enable_prefix_caching": False,
                                     "kv_cache_gib": kv_cache_gib,
-                                    "in_process": slices is not None})
+                                    "in_process": slices is not None,
+                                    **({"max_num_seqs": batch} if slots else {})})
                for name in group}
     try:
         for engine in engines.values():
@@ -282,7 +293,7 @@ def _run_group(group: list[str], configs: dict[str, dict | None], workloads: lis
         results: dict[tuple[str, str], list[dict]] = {}
         turn = 0
         for w in workloads:
-            for cell in units(w, batch, batch1_prompts, max_tokens, batch_units):
+            for cell in units(w, batch, batch1_prompts, max_tokens, batch_units, slots):
                 order = group[turn % len(group):] + group[:turn % len(group)]
                 turn += 1
                 for name, result in _run_unit(engines, order, cell, slices, timeout):
@@ -500,6 +511,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="engine core in-process; the group's engines take turns running "
                     "this many seconds of engine steps (default: engine core in its own "
                     "process, one generate() per unit)")
+    ap.add_argument("--slots", action="store_true",
+                    help="at batch B > 1 each engine runs at most B requests at once "
+                    "(max_num_seqs=B) and a cell is B x --batch-units prompts in one "
+                    "generate(), so finished requests' slots take the next prompts (what a "
+                    "loaded server sees) instead of closed batches of B that drain")
     ap.add_argument("--timeout", type=float, default=3600,
                     help="seconds allowed per engine start and per cell")
     ap.add_argument("--out", type=Path, default=RESULTS / "e2e.json")
@@ -529,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": " ".join(sys.argv), "model": "SmolLM2-135M-Instruct (default)",
             "dtype": args.dtype, "k": k, "max_tokens": max_tokens, "rounds": rounds,
             "batch_sizes": batch_sizes, "batch1_prompts": args.batch1_prompts,
-            "batch_units": args.batch_units,
+            "batch_units": args.batch_units, "slots": args.slots,
             "workloads": workloads, "configs": configs, "enable_prefix_caching": False,
             "reference": reference,
             "engine_groups": engine_groups(list(configs), args.engines_at_once, reference),
@@ -544,12 +560,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"--batch-units must be >= 1, got {args.batch_units}")
     if args.slices is not None and args.slices <= 0:
         sys.exit(f"--slices must be > 0 seconds, got {args.slices}")
+    if args.slots and args.slices is not None:
+        sys.exit("--slots and --slices measure different regimes; give one of them")
     os.environ.update(MALLOC_ENV)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     runs, errors = run_benchmark(
         configs, workloads, batch_sizes, args.batch1_prompts, max_tokens, rounds, args.dtype,
         args.timeout, args.engines_at_once, args.kv_cache_gib, args.slices, args.batch_units,
-        reference, on_group=lambda r, e: write_results(args.out, meta, list(configs), r, e, partial=True))
+        reference, on_group=lambda r, e: write_results(args.out, meta, list(configs), r, e, partial=True),
+        slots=args.slots)
     rows = write_results(args.out, meta, list(configs), runs, errors, partial=False)
     chart = args.out.with_suffix(".png")
     if rows:

@@ -33,6 +33,20 @@ def test_units_are_prompts_at_batch_1_and_one_batch_otherwise(e2e):
     assert len(e2e.units("summarization", 32, 3, 16, batch_units=4)) == 1  # 32 prompts
 
 
+def test_slots_send_every_prompt_of_a_cell_in_one_call(e2e):
+    """--slots: at batch B one cell of B x units prompts sent together (the engine holds
+    B at a time and refills); batch 1 is unchanged."""
+    cells = e2e.units("summarization", 8, 3, 16, batch_units=3, slots=True)
+    assert len(cells) == 1 and cells[0]["chats"] == e2e.WORKLOADS["summarization"][:24]
+    assert cells[0]["batch_size"] == 24  # one generate() for all 24
+    assert e2e.units("summarization", 1, 3, 16, slots=True) == e2e.units("summarization", 1, 3, 16)
+
+
+def test_slots_and_slices_are_refused_together(e2e):
+    with pytest.raises(SystemExit, match="--slots and --slices"):
+        e2e.main(["--slots", "--slices", "0.3", "--methods", "naive", "--batch-sizes", "8"])
+
+
 def _result(seconds, tokens, drafts=0, draft_tokens=0, accepted=0, steps=1):
     return {"seconds": seconds, "output_tokens": tokens, "num_drafts": drafts,
             "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted, "steps": steps,

@@ -62,7 +62,8 @@ def start_engine(job: dict[str, Any]) -> Any:
               dtype=job.get("dtype", "float32"), enforce_eager=True, seed=job.get("seed", 0),
               max_model_len=job.get("max_model_len", 4096),
               enable_prefix_caching=job.get("enable_prefix_caching", True),
-              speculative_config=job.get("spec"), disable_log_stats=False)
+              speculative_config=job.get("spec"), disable_log_stats=False,
+              **({"max_num_seqs": job["max_num_seqs"]} if job.get("max_num_seqs") else {}))
     if job.get("warmup", True):  # one-time costs (numba, first spec step) outside timing
         llm.generate(["Warm up: count 1 2 3 4 5 6 7 8"],
                      SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
@@ -79,7 +80,8 @@ def generate(job: dict[str, Any]) -> dict[str, Any]:
     Args:
         job: engine keys ``{"spec": dict | None, "model": str | None, "dtype": "float32",
             "seed": int, "max_model_len": int, "enable_prefix_caching": bool,
-            "warmup": bool, "kv_cache_gib": int, "in_process": bool}`` plus either the keys of one cell or ``"cells": [cell, ...]``.
+            "warmup": bool, "kv_cache_gib": int, "in_process": bool, "max_num_seqs": int
+            (most requests running at once; default: vLLM's)}`` plus either the keys of one cell or ``"cells": [cell, ...]``.
             A cell: ``{"prompts": list[str] | None, "chats": list[list[dict]] | None
             (rendered with the model's chat template), "max_tokens": int,
             "temperature": float, "n": int, "request_seed": int | None, "sampling": dict
