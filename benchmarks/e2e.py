@@ -31,7 +31,8 @@ engines.
 its last requests decode in a shrinking batch while the others are done. ``--slots``
 measures what a loaded server sees instead: each engine runs at most B requests at once
 (vLLM's ``max_num_seqs``) and a cell is B x ``--batch-units`` prompts in one
-``generate()``, so a finished request's slot takes the next prompt.
+``generate()`` (with ``--slices``: all added at once), so a finished request's slot takes
+the next prompt.
 
 By default the engine core runs in its own process, as ``LLM`` and ``vllm serve`` run
 it, and a unit is one ``generate()`` call timed by the wall clock. ``--slices S`` runs the
@@ -62,7 +63,7 @@ Usage::
     python benchmarks/e2e.py [--methods ngram,suffix,...,vllm_ngram] [-k 8]
         [--batch-sizes 1,8,32] [--workloads code_editing,...] [--max-tokens 128]
         [--rounds 1] [--batch1-prompts 4] [--batch-units 1] [--dtype float32] [--engines-at-once 4]
-        [--kv-cache-gib 1] [--slices SECONDS | --slots] [--reference vllm_ngram|none|CONFIG]
+        [--kv-cache-gib 1] [--slices SECONDS] [--slots] [--reference vllm_ngram|none|CONFIG]
         [--out benchmarks/results/e2e.json]
     python benchmarks/e2e.py --quick   # smoke run: 1 round, batch 1 and 8,
                                        # code_editing + summarization, 48 tokens
@@ -269,6 +270,16 @@ def _run_group_with_retry(label: str, *args: Any) -> dict[tuple[str, str], dict]
     return error
 
 
+def engine_job(spec: dict | None, dtype: str, kv_cache_gib: int, batch: int,
+               slices: float | None, slots: bool) -> dict[str, Any]:
+    """The :class:`EngineProcess` job of one engine of a group: prefix caching off, the
+    engine core in-process with ``slices`` (:class:`~vllm_specext.engine_run.SteppedCell`), at most ``batch``
+    running requests with ``slots`` (vLLM's ``max_num_seqs``)."""
+    return {"spec": spec, "dtype": dtype, "seed": 0, "enable_prefix_caching": False,
+            "kv_cache_gib": kv_cache_gib, "in_process": slices is not None,
+            **({"max_num_seqs": batch} if slots else {})}
+
+
 def _run_group(group: list[str], configs: dict[str, dict | None], workloads: list[str],
                batch: int, batch1_prompts: int, max_tokens: int, dtype: str,
                timeout: float, kv_cache_gib: int, slices: float | None,
@@ -278,11 +289,8 @@ def _run_group(group: list[str], configs: dict[str, dict | None], workloads: lis
     rotates by one engine per unit; with ``slices``, in-process engines get each unit's
     requests first and then take turns running ``slices`` seconds of engine steps until
     all have finished), close the engines; ``{(config, workload): cell}``."""
-    engines = {name: EngineProcess({"spec": configs[name], "dtype": dtype, "seed": 0,
-                                    "enable_prefix_caching": False,
-                                    "kv_cache_gib": kv_cache_gib,
-                                    "in_process": slices is not None,
-                                    **({"max_num_seqs": batch} if slots else {})})
+    engines = {name: EngineProcess(engine_job(configs[name], dtype, kv_cache_gib, batch,
+                                              slices, slots))
                for name in group}
     try:
         for engine in engines.values():
@@ -560,8 +568,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"--batch-units must be >= 1, got {args.batch_units}")
     if args.slices is not None and args.slices <= 0:
         sys.exit(f"--slices must be > 0 seconds, got {args.slices}")
-    if args.slots and args.slices is not None:
-        sys.exit("--slots and --slices measure different regimes; give one of them")
     os.environ.update(MALLOC_ENV)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     runs, errors = run_benchmark(

@@ -42,9 +42,15 @@ def test_slots_send_every_prompt_of_a_cell_in_one_call(e2e):
     assert e2e.units("summarization", 1, 3, 16, slots=True) == e2e.units("summarization", 1, 3, 16)
 
 
-def test_slots_and_slices_are_refused_together(e2e):
-    with pytest.raises(SystemExit, match="--slots and --slices"):
-        e2e.main(["--slots", "--slices", "0.3", "--methods", "naive", "--batch-sizes", "8"])
+def test_engine_jobs_cap_running_requests_with_slots_and_step_in_process_with_slices(e2e):
+    """--slots caps each engine at B running requests (max_num_seqs), --slices runs its
+    core in-process; the two combine (slots measured with the drift cancelled)."""
+    spec = {"method": "naive", "num_speculative_tokens": 8}
+    plain = e2e.engine_job(spec, "float32", 1, 8, None, False)
+    assert "max_num_seqs" not in plain and not plain["in_process"]
+    assert plain["spec"] == spec and plain["enable_prefix_caching"] is False
+    both = e2e.engine_job(None, "float32", 1, 8, 0.3, True)
+    assert both["max_num_seqs"] == 8 and both["in_process"] and both["spec"] is None
 
 
 def _result(seconds, tokens, drafts=0, draft_tokens=0, accepted=0, steps=1):
