@@ -273,8 +273,9 @@ def _run_group_with_retry(label: str, *args: Any) -> dict[tuple[str, str], dict]
 def engine_job(spec: dict | None, dtype: str, kv_cache_gib: int, batch: int,
                slices: float | None, slots: bool) -> dict[str, Any]:
     """The :class:`EngineProcess` job of one engine of a group: prefix caching off, the
-    engine core in-process with ``slices`` (:class:`~vllm_specext.engine_run.SteppedCell`), at most ``batch``
-    running requests with ``slots`` (vLLM's ``max_num_seqs``)."""
+    engine core in-process with ``slices`` (for
+    :class:`~vllm_specext.engine_run.SteppedCell`), at most ``batch`` running requests with
+    ``slots`` (vLLM's ``max_num_seqs``)."""
     return {"spec": spec, "dtype": dtype, "seed": 0, "enable_prefix_caching": False,
             "kv_cache_gib": kv_cache_gib, "in_process": slices is not None,
             **({"max_num_seqs": batch} if slots else {})}
