@@ -81,7 +81,8 @@ def generate(job: dict[str, Any]) -> dict[str, Any]:
         job: engine keys ``{"spec": dict | None, "model": str | None, "dtype": "float32",
             "seed": int, "max_model_len": int, "enable_prefix_caching": bool,
             "warmup": bool, "kv_cache_gib": int, "in_process": bool, "max_num_seqs": int
-            (most requests running at once; default: vLLM's)}`` plus either the keys of one cell or ``"cells": [cell, ...]``.
+            (most requests running at once; default: vLLM's)}`` plus either the keys of
+            one cell or ``"cells": [cell, ...]``.
             A cell: ``{"prompts": list[str] | None, "chats": list[list[dict]] | None
             (rendered with the model's chat template), "max_tokens": int,
             "temperature": float, "n": int, "request_seed": int | None, "sampling": dict
