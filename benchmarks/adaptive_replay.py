@@ -135,7 +135,7 @@ def replay_batch1(sequence: list[tuple[str, dict]], method: str, fixed: float, p
             committed = truth[pos:pos + chain_accept(draft, truth, pos) + 1]
             seconds = 1.0 + (fixed + per * len(draft) if draft else 0.0)
             slow = startup_slowdown if workload == "warmup" else 1.0
-            cost_model.observe(1 + len(draft), slow * seconds, bool(draft))
+            cost_model.observe(1 + len(draft), slow * seconds, bool(draft), rows=1)
             p.update(rid, committed)
             if controller is not None:
                 controller.observe(rid, committed)

@@ -94,6 +94,7 @@ def test_finished_requests_are_released():
 
 
 def test_only_decode_steps_are_timed_for_the_cost_model():
+    """Each timed step records its start, tokens, whether it verifies drafts and its rows."""
     d, *_ = make()
 
     def start(per_request, drafts):
@@ -103,8 +104,8 @@ def test_only_decode_steps_are_timed_for_the_cost_model():
             scheduled_spec_decode_tokens=drafts))
         return d._step
 
-    assert start({"a": 1, "b": 1}, {})[1:] == (2, False)
-    assert start({"a": 3, "b": 1}, {"a": [7, 8]})[1:] == (4, True)
+    assert start({"a": 1, "b": 1}, {})[1:] == (2, False, 2)
+    assert start({"a": 3, "b": 1}, {"a": [7, 8]})[1:] == (4, True, 2)
     assert start({"a": 1, "b": 300}, {}) is None  # b is prefilling
     assert start({"a": 2, "b": 1}, {"a": [7, 8]}) is None  # a's step is not 1 + drafts
 

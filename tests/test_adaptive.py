@@ -724,6 +724,46 @@ def test_a_stale_out_of_order_size_is_dropped_not_pooled():
     assert m.step_time(9, speculative=True) == pytest.approx(0.15)
 
 
+def test_paired_steps_price_a_small_draft_the_drifting_curves_understate():
+    """The e2e batch-8 engine (time-sliced): 9-token verified steps were timed when the
+    machine was quiet (60 ms); now plain 8-row steps take 64 ms and one draft token makes
+    them 70 ms. ``V(9)``, smoothed over its history, still reads about 60 ms, so
+    ``V(9) - P(8)`` is about 0; verified steps next to plain ones of the same rows
+    measure the 6 ms directly, and a one-token draft no longer pays."""
+    m = StepCostModel(margin=1.5)
+    for _ in range(20):
+        m.observe(8, 0.058, rows=8)
+        m.observe(9, 0.060, speculative=True, rows=8)
+    for _ in range(3):
+        m.observe(8, 0.064, rows=8)
+        m.observe(8, 0.064, rows=8)
+        m.observe(9, 0.070, speculative=True, rows=8)
+    assert m.step_time(9, True) - m.step_time(8) < 0.001
+    assert m.paired_cost(8, 1) == pytest.approx(0.006)
+    assert m.draft_cost(8, 1) == pytest.approx(0.006)
+    assert m.draft_cost(8, 4) >= 0.006  # more draft tokens cost no less
+    assert m.paired_cost(8, 0) == 0.0 and m.paired_cost(7, 1) == 0.0  # nothing paired
+    # E accepted tokens pay for 6 ms on a 64 ms step of 8 rows iff E > 1.5 * 8 * 6 / 64
+    assert not m.pays_off(8, expected_accepted=1.0, draft_tokens=1)
+    assert m.pays_off(8, expected_accepted=1.2, draft_tokens=1)
+
+
+def test_steps_are_paired_only_with_a_close_step_of_the_same_rows():
+    m = StepCostModel(pair_gap=2)
+    for i in range(10):  # other rows in between: 3 steps apart
+        m.observe(8 + i % 2, 0.06 + 0.02 * (i % 2), speculative=bool(i % 2), rows=8)
+        for _ in range(2):
+            m.observe(4, 0.03, rows=4)
+    assert m.paired_cost(8, 1) == 0.0
+    for _ in range(3):  # a plain step after a verified one pairs with it, once
+        m.observe(9, 0.08, speculative=True, rows=8)
+        m.observe(8, 0.07, rows=8)
+        m.observe(8, 0.05, rows=8)
+        for _ in range(3):
+            m.observe(4, 0.03, rows=4)
+    assert m.paired_cost(8, 1) == pytest.approx(0.01)
+
+
 @given(st.lists(st.tuples(st.floats(1, 100), st.floats(0.01, 1.0), st.floats(0.5, 20),
                           st.integers(0, 300)), min_size=1, max_size=12))
 def test_isotonic_fit_is_non_decreasing_and_never_empty(points):
@@ -763,6 +803,7 @@ def test_isotonic_drops_an_old_point_only_when_it_is_the_slower_one():
     (lambda: StepCostModel(margin=0.5), "margin"),
     (lambda: StepCostModel(explore=1.5), "explore"),
     (lambda: StepCostModel(explore_backoff=0), "explore_backoff"),
+    (lambda: StepCostModel(pair_window=0), "pair_window"),
 ])
 def test_out_of_range_arguments_are_named(make, key):
     with pytest.raises(ValueError, match=rf"\b{key} must be"):

@@ -425,6 +425,13 @@ class StepCostModel:
             step that verifies other drafts (:meth:`unmeasured`). 64: offline
             (``benchmarks/adaptive_replay.py``, mean ratio to ``vllm_ngram`` over its 20
             cells) 32 cost ``suffix`` 1.045 -> 1.039, 64 1.044, 128 1.046.
+        pair_gap: a verified step and a plain step of the same number of decoding rows
+            at most this many decode steps apart (>= 1) are *paired*: their difference
+            is one direct measurement of what that many draft tokens cost
+            (:meth:`draft_cost`).
+        pair_window: the paired differences kept per row count and draft size (>= 1);
+            their median is the estimate (5: one stalled step moves it not at all, and
+            three new pairs, e.g. three explorations, replace it).
 
     Raises:
         ValueError: an argument outside its range (the message names it).
@@ -435,13 +442,14 @@ class StepCostModel:
                  min_samples: int = 3, stale_steps: int = 1000,
                  explore: float = 0.5, prior_slope_ratio: float = 0.01,
                  explore_every: int = 32, explore_backoff: int = 8,
-                 explore_size_every: int = 64):
+                 explore_size_every: int = 64, pair_gap: int = 4, pair_window: int = 5):
         _check("StepCostModel", tuple(
             (name, value, value >= 1, ">= 1") for name, value in (
                 ("buckets_per_octave", buckets_per_octave), ("min_samples", min_samples),
                 ("stale_steps", stale_steps), ("explore_every", explore_every),
                 ("explore_backoff", explore_backoff),
-                ("explore_size_every", explore_size_every))) + (
+                ("explore_size_every", explore_size_every), ("pair_gap", pair_gap),
+                ("pair_window", pair_window))) + (
             ("margin", margin, margin >= 1.0, ">= 1"),
             ("prior_slope_ratio", prior_slope_ratio, prior_slope_ratio >= 0.0, ">= 0"),
             ("smoothing", smoothing, 0.0 < smoothing <= 1.0, "in (0, 1]"),
@@ -469,10 +477,19 @@ class StepCostModel:
         self._explored: dict[int, int] = {}  # bucket -> step of its last exploration
         self._steps = 0
         self._curves: dict[bool, tuple[list[float], list[float]]] | None = None  # cache
+        self.pair_gap = pair_gap
+        self.pair_window = pair_window
+        # (rows, verified) -> [decode step, seconds, draft tokens, paired yet] of the last step
+        self._last_of: dict[tuple[int, bool], list] = {}
+        # rows -> draft bucket -> [last paired step, mean draft tokens, recent differences]
+        self._pairs: dict[int, dict[int, list]] = {}
 
-    def observe(self, tokens: int, seconds: float, speculative: bool = False) -> None:
+    def observe(self, tokens: int, seconds: float, speculative: bool = False,
+                rows: int | None = None) -> None:
         """Add one decode step: ``tokens`` (>= 1) scheduled tokens took ``seconds``;
-        ``speculative``: the step verified draft tokens. Steps of 0 tokens are ignored.
+        ``speculative``: the step verified draft tokens; ``rows``: the requests it decoded
+        (None: unknown, the step is not paired, see ``pair_gap``). Steps of 0 tokens are
+        ignored.
 
         Plain Python floats, not numpy: in a CPU worker a numpy call per step here took
         ~0.1 ms next to the model's threads, ~0.5% of a step."""
@@ -492,6 +509,42 @@ class StepCostModel:
                   self.smoothing if speculative else self.plain_smoothing,
                   self.explore_every if speculative else None, 1 if speculative else 3)
         self._curves = None
+        if rows is not None and 0 < rows and (rows < tokens or not speculative):
+            self._pair(rows, tokens - rows, float(seconds), bool(speculative))
+
+    def _pair(self, rows: int, drafts: int, seconds: float, speculative: bool) -> None:
+        """Pair this step with the last step of the other kind and the same ``rows``, when
+        that one is at most ``pair_gap`` steps back and (a verified one) not paired yet."""
+        this = [self._steps, seconds, drafts, False]
+        other = self._last_of.get((rows, not speculative))
+        verified, plain = (this, other) if speculative else (other, this)
+        if other is not None and self._steps - other[0] <= self.pair_gap and not verified[3]:
+            verified[3] = True
+            entry = self._pairs.setdefault(rows, {}).setdefault(
+                self._bucket(verified[2]), [0, 0.0, []])
+            entry[0] = self._steps
+            entry[2] = (entry[2] + [verified[1] - plain[1]])[-self.pair_window:]
+            entry[1] += (verified[2] - entry[1]) / len(entry[2])
+        self._last_of[(rows, speculative)] = this
+
+    def paired_cost(self, rows: int, draft_tokens: int) -> float:
+        """Seconds that ``draft_tokens`` draft tokens add to a step of ``rows`` decoding
+        requests, as paired steps measured it (see ``pair_gap``): the largest median
+        difference among the draft sizes up to ``draft_tokens`` tokens with ``min_samples``
+        pairs observed within ``stale_steps`` (verifying more tokens costs no less); 0
+        without one.
+
+        The curves' difference ``V(rows + D) - P(rows)`` is small against each curve's
+        noise and drift when ``D`` is small: in the e2e benchmark at batch 8
+        (time-sliced, ``ngram`` on code generation) it read 2.3 ms for one draft token
+        that cost 6 ms (59 ms plain steps), and drafts accepted at 0.41 were shown."""
+        best = 0.0
+        for last, mean_drafts, diffs in self._pairs.get(rows, {}).values():
+            if (mean_drafts <= draft_tokens + 0.5
+                    and len(diffs) >= self.min_samples
+                    and self._steps - last < self.stale_steps):
+                best = max(best, sorted(diffs)[len(diffs) // 2])
+        return best
 
     @property
     def exploring(self) -> bool:
@@ -701,8 +754,10 @@ class StepCostModel:
 
     def draft_cost(self, rows: int, draft_tokens: int) -> float:
         """Seconds that ``draft_tokens`` draft tokens add to a step of ``rows`` decoding
-        requests: ``V(rows + D) - P(rows)`` (>= 0), the fixed cost of verifying included."""
-        return max(0.0, self.step_time(rows + draft_tokens, True) - self.step_time(rows))
+        requests: ``V(rows + D) - P(rows)`` (>= 0), the fixed cost of verifying included,
+        or :meth:`paired_cost` where paired steps measured more."""
+        return max(0.0, self.step_time(rows + draft_tokens, True) - self.step_time(rows),
+                   self.paired_cost(rows, draft_tokens))
 
     def threshold(self, rows: int, draft_tokens: int) -> float:
         """Emission probability a draft token must beat when ``rows`` requests decode and

@@ -129,7 +129,8 @@ class SpecExtProposer:
         drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
         per_request = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
         decoding = all(n == 1 + len(drafts.get(rid, ())) for rid, n in per_request.items())
-        self._step = (time.perf_counter(), tokens, bool(drafts)) if tokens and decoding else None
+        self._step = ((time.perf_counter(), tokens, bool(drafts), len(per_request))
+                      if tokens and decoding else None)
 
     def _stop(self, req_id: str, finished: bool) -> None:
         self.proposer.stop_request(req_id, finished=finished)
@@ -217,8 +218,8 @@ class SpecExtProposer:
             return [[] for _ in range(num_rows)]
         req_ids = self.runner.input_batch.req_ids[:num_rows]
         if self._step is not None:  # the step that just ran: model time vs tokens
-            start, tokens, drafted = self._step
-            self.cost_model.observe(tokens, time.perf_counter() - start, drafted)
+            start, tokens, drafted, rows = self._step
+            self.cost_model.observe(tokens, time.perf_counter() - start, drafted, rows)
             self._step = None
         try:
             caps = [min(c, budget) for c in self._sync(req_ids, sampled, num_tokens, token_ids)]
