@@ -739,9 +739,10 @@ def test_paired_steps_price_a_small_draft_the_drifting_curves_understate():
         m.observe(8, 0.064, rows=8)
         m.observe(9, 0.070, speculative=True, rows=8)
     assert m.step_time(9, True) - m.step_time(8) < 0.001
-    assert m.paired_cost(8, 1) == pytest.approx(0.006)
-    assert m.draft_cost(8, 1) == pytest.approx(0.006)
-    assert m.draft_cost(8, 4) >= 0.006  # more draft tokens cost no less
+    # kept relative to the plain step: 70 / 64 - 1 of P(8)
+    assert m.paired_cost(8, 1) == pytest.approx((0.070 / 0.064 - 1) * m.step_time(8))
+    assert m.draft_cost(8, 1) == m.paired_cost(8, 1)
+    assert m.draft_cost(8, 4) >= m.paired_cost(8, 1)  # more draft tokens cost no less
     assert m.paired_cost(8, 0) == 0.0 and m.paired_cost(7, 1) == 0.0  # nothing paired
     # E accepted tokens pay for 6 ms on a 64 ms step of 8 rows iff E > 1.5 * 8 * 6 / 64
     assert not m.pays_off(8, expected_accepted=1.0, draft_tokens=1)
@@ -761,7 +762,19 @@ def test_steps_are_paired_only_with_a_close_step_of_the_same_rows():
         m.observe(8, 0.05, rows=8)
         for _ in range(3):
             m.observe(4, 0.03, rows=4)
-    assert m.paired_cost(8, 1) == pytest.approx(0.01)
+    assert m.paired_cost(8, 1) == pytest.approx((0.08 / 0.07 - 1) * m.step_time(8))
+
+
+def test_a_machine_slowed_for_a_while_does_not_inflate_the_paired_cost():
+    """Engines starting together: every step 10x slower for a while. The pairs are kept
+    relative to the plain step, so the price read afterwards is the quiet machine's."""
+    m = StepCostModel()
+    for slow in [10.0] * 5 + [1.0] * 2:
+        m.observe(8, slow * 0.060, rows=8)
+        m.observe(9, slow * 0.066, speculative=True, rows=8)
+    for _ in range(6):
+        m.observe(8, 0.060, rows=8)
+    assert m.paired_cost(8, 1) == pytest.approx(0.006, rel=0.05)
 
 
 @given(st.lists(st.tuples(st.floats(1, 100), st.floats(0.01, 1.0), st.floats(0.5, 20),

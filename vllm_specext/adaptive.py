@@ -429,7 +429,8 @@ class StepCostModel:
             at most this many decode steps apart (>= 1) are *paired*: their difference
             is one direct measurement of what that many draft tokens cost
             (:meth:`draft_cost`).
-        pair_window: the paired differences kept per row count and draft size (>= 1);
+        pair_window: the paired relative differences kept per row count and draft size
+            (>= 1);
             their median is the estimate (5: one stalled step moves it not at all, and
             three new pairs, e.g. three explorations, replace it).
 
@@ -481,7 +482,8 @@ class StepCostModel:
         self.pair_window = pair_window
         # (rows, verified) -> [decode step, seconds, draft tokens, paired yet] of the last step
         self._last_of: dict[tuple[int, bool], list] = {}
-        # rows -> draft bucket -> [last paired step, mean draft tokens, recent differences]
+        # rows -> draft bucket -> [last paired step, mean draft tokens, recent relative
+        # differences t_verified / t_plain - 1]
         self._pairs: dict[int, dict[int, list]] = {}
 
     def observe(self, tokens: int, seconds: float, speculative: bool = False,
@@ -518,33 +520,39 @@ class StepCostModel:
         this = [self._steps, seconds, drafts, False]
         other = self._last_of.get((rows, not speculative))
         verified, plain = (this, other) if speculative else (other, this)
-        if other is not None and self._steps - other[0] <= self.pair_gap and not verified[3]:
+        if (other is not None and self._steps - other[0] <= self.pair_gap and not verified[3]
+                and plain[1] > 0.0):
             verified[3] = True
             entry = self._pairs.setdefault(rows, {}).setdefault(
                 self._bucket(verified[2]), [0, 0.0, []])
             entry[0] = self._steps
-            entry[2] = (entry[2] + [verified[1] - plain[1]])[-self.pair_window:]
+            entry[2] = (entry[2] + [verified[1] / plain[1] - 1.0])[-self.pair_window:]
             entry[1] += (verified[2] - entry[1]) / len(entry[2])
         self._last_of[(rows, speculative)] = this
 
     def paired_cost(self, rows: int, draft_tokens: int) -> float:
         """Seconds that ``draft_tokens`` draft tokens add to a step of ``rows`` decoding
-        requests, as paired steps measured it (see ``pair_gap``): the largest median
-        difference among the draft sizes up to ``draft_tokens`` tokens with ``min_samples``
-        pairs observed within ``stale_steps`` (verifying more tokens costs no less); 0
-        without one.
+        requests, as paired steps measured it (see ``pair_gap``): ``P(rows)`` times the
+        largest median relative difference ``t_verified / t_plain - 1`` among the draft
+        sizes up to ``draft_tokens`` tokens with ``min_samples`` pairs observed within
+        ``stale_steps`` (verifying more tokens costs no less); 0 without one.
 
         The curves' difference ``V(rows + D) - P(rows)`` is small against each curve's
         noise and drift when ``D`` is small: in the e2e benchmark at batch 8
         (time-sliced, ``ngram`` on code generation) it read 2.3 ms for one draft token
-        that cost 6 ms (59 ms plain steps), and drafts accepted at 0.41 were shown."""
+        that cost 6 ms (59 ms plain steps), and drafts accepted at 0.41 were shown. The
+        difference is kept relative to the plain step so that a machine slowed for a
+        while (engines starting together) does not inflate it: kept in seconds, pairs
+        timed 10x slower during ``adaptive_replay.py``'s warm-up
+        (``--startup-slowdown 10``) held ``memory_decoding`` on code editing at tau
+        1.07-2.03 instead of 2.30-2.75 for the rest of the run."""
         best = 0.0
         for last, mean_drafts, diffs in self._pairs.get(rows, {}).values():
             if (mean_drafts <= draft_tokens + 0.5
                     and len(diffs) >= self.min_samples
                     and self._steps - last < self.stale_steps):
                 best = max(best, sorted(diffs)[len(diffs) // 2])
-        return best
+        return best * self.step_time(rows) if best > 0.0 else 0.0
 
     @property
     def exploring(self) -> bool:
