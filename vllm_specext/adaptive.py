@@ -426,13 +426,12 @@ class StepCostModel:
             (``benchmarks/adaptive_replay.py``, mean ratio to ``vllm_ngram`` over its 20
             cells) 32 cost ``suffix`` 1.045 -> 1.039, 64 1.044, 128 1.046.
         pair_gap: a verified step and a plain step of the same number of decoding rows
-            at most this many decode steps apart (>= 1) are *paired*: their difference
-            is one direct measurement of what that many draft tokens cost
-            (:meth:`draft_cost`).
+            at most this many decode steps apart (>= 1) are *paired*: their relative
+            difference is one direct measurement of what that many draft tokens cost
+            (:meth:`paired_cost`).
         pair_window: the paired relative differences kept per row count and draft size
-            (>= 1);
-            their median is the estimate (5: one stalled step moves it not at all, and
-            three new pairs, e.g. three explorations, replace it).
+            (>= 1); their median is the estimate (5: one stalled step moves it not at
+            all, and three new pairs, e.g. three explorations, replace it).
 
     Raises:
         ValueError: an argument outside its range (the message names it).
