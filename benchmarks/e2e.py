@@ -32,7 +32,10 @@ its last requests decode in a shrinking batch while the others are done. ``--slo
 measures what a loaded server sees instead: each engine runs at most B requests at once
 (vLLM's ``max_num_seqs``) and a cell is B x ``--batch-units`` prompts in one
 ``generate()`` (with ``--slices``: all added at once), so a finished request's slot takes
-the next prompt.
+the next prompt. With both, a second ratio is printed: tok/s over the steps before every
+request of the cell had its first token, the part of the cell in which a freed slot
+finds a request waiting, as in a server with a steady queue (the cell's last requests
+then drain the batch, and a request finished early leaves its slot idle).
 
 By default the engine core runs in its own process, as ``LLM`` and ``vllm serve`` run
 it, and a unit is one ``generate()`` call timed by the wall clock. ``--slices S`` runs the
@@ -186,6 +189,9 @@ def merge(results: list[dict]) -> dict:
             "num_accepted_tokens", "steps")}
     for key in ("token_ids", "ttft_s", "tpot_s"):
         out[key] = [x for r in results for x in r[key]]
+    if all("queued_seconds" in r for r in results):  # time-sliced cells
+        for key in ("queued_seconds", "queued_tokens"):
+            out[key] = sum(r[key] for r in results)
     n, acc = out["output_tokens"], out["num_accepted_tokens"]
     out["tokens_per_s"] = n / out["seconds"] if out["seconds"] else 0.0
     out["mean_acceptance_length"] = 1 + acc / out["num_drafts"] if out["num_drafts"] else 1.0
@@ -242,6 +248,7 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                                      "base_tokens_per_s": base["tokens_per_s"],
                                      "base_ttft_s": base["ttft_s"],
                                      "base_token_ids": base["token_ids"],
+                                     "base_queued_tokens_per_s": _queued_rate(base),
                                      **ref, **cells[(name, w)]})
                 rates = "  ".join(
                     f"{name} " + " ".join(f"{cells[(name, w)]['tokens_per_s']:.1f}"
@@ -338,6 +345,13 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _queued_rate(result: dict) -> float | None:
+    """Output tok/s of a time-sliced cell over its steps while a request still waited for
+    its first token (:class:`~vllm_specext.engine_run.SteppedCell`); None without them."""
+    seconds = result.get("queued_seconds")
+    return result["queued_tokens"] / seconds if seconds else None
+
+
 def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
     """One row per (workload, batch, config), configs in the order of ``configs`` (None:
     as they appear in ``runs``): medians over rounds (and groups, for ``none`` and a
@@ -357,6 +371,8 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
         vs_ref = [r["tokens_per_s"] / r["ref_tokens_per_s"] for r in mine
                   if r.get("ref_tokens_per_s")]
         ttft_ratios = [ratio for r in mine for ratio in _ttft_ratios(r)]
+        queued = [_queued_rate(r) / r["base_queued_tokens_per_s"] for r in mine
+                  if _queued_rate(r) and r.get("base_queued_tokens_per_s")]
         drafted = [r["num_accepted_tokens"] / r["num_draft_tokens"]
                    for r in mine if r["num_draft_tokens"]]
         rows.append({
@@ -367,6 +383,7 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
             "speedup_min": min(speedups, default=None),
             "speedup_max": max(speedups, default=None),
             "vs_reference": _median(vs_ref),
+            "queued_speedup": _median(queued),
             "tpot_ms": _ms(_median([t for r in mine for t in r["tpot_s"]])),
             "ttft_ms": _ms(_median(ttft)),
             "ttft_ratio": _median(ttft_ratios),
@@ -587,6 +604,10 @@ def main(argv: list[str] | None = None) -> int:
     if reference:
         print(f"\nOutput tok/s relative to {reference} on the same engines' time:\n\n"
               f"{speedup_table(rows, 'vs_reference')}")
+    if args.slots and args.slices:
+        print("\nOutput tok/s relative to no speculation while requests still queued (the "
+              "steps before every request of a cell had its first token; `none tok/s` is "
+              f"the whole cell's):\n\n{speedup_table(rows, 'queued_speedup')}")
     differ = [r for r in rows if r["identical"] != r["compared"]]
     for r in differ:
         print(f"outputs differ from none: {r['workload']} batch {r['batch']} {r['config']} "

@@ -67,6 +67,24 @@ def test_merge_recomputes_rates_from_sums(e2e):
     assert len(out["token_ids"]) == 2 and out["ttft_s"] == [0.1, 0.1]
 
 
+def test_queued_throughput_is_summed_over_units_and_paired_with_nones(e2e):
+    units = [{**_result(1.0, 10, 2, 8, 4, 5), "queued_seconds": 0.5, "queued_tokens": 4},
+             {**_result(3.0, 30, 6, 24, 12, 15), "queued_seconds": 1.5, "queued_tokens": 16}]
+    out = e2e.merge(units)
+    assert (out["queued_seconds"], out["queued_tokens"]) == (2.0, 20)
+    assert e2e._queued_rate(out) == 10.0
+    assert "queued_seconds" not in e2e.merge([_result(1.0, 10, 2, 8, 4, 5)])  # wall clock
+    assert e2e._queued_rate(_result(1.0, 10, 2, 8, 4, 5)) is None
+    run = {"round": 0, "batch": 8, "workload": "summarization", "config": "a",
+           "group": ["none", "a"], "tokens_per_s": 11.0, "base_tokens_per_s": 10.0,
+           "ttft_s": [], "base_ttft_s": [], "tpot_s": [], "tau": 1.0,
+           "mean_acceptance_length": 1.0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+           "token_ids": [], "base_token_ids": [], "queued_seconds": 2.0,
+           "queued_tokens": 24, "base_queued_tokens_per_s": 10.0}
+    assert e2e.summarize([run])[0]["queued_speedup"] == pytest.approx(1.2)
+    assert e2e.summarize([{**run, "queued_seconds": 0.0}])[0]["queued_speedup"] is None
+
+
 def test_summary_pairs_each_configuration_with_its_groups_none(e2e):
     def run(rnd, config, group, tps, base_tps, ids=(1, 2)):
         return {"round": rnd, "batch": 1, "workload": "summarization", "config": config,

@@ -35,6 +35,9 @@ def test_stepped_cell_matches_whole_cell():
     assert slices > 1
     assert len(stepped["ttft_s"]) == len(stepped["tpot_s"]) == 2
     assert 0 < max(stepped["ttft_s"]) < stepped["seconds"]
+    # both requests start at once: only the prefill step ran while one waited
+    assert 0 < stepped["queued_seconds"] < stepped["seconds"]
+    assert stepped["queued_tokens"] == 2
     assert stepped["num_draft_tokens"] > 0
 
 

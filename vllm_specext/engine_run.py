@@ -189,7 +189,11 @@ class SteppedCell:
     shared VM, is the same for every engine it compares. The result equals
     :func:`_run_cell`'s for one ``generate()`` of all the prompts, with ``seconds``, TTFT
     and TPOT counted in engine time (TTFT from the cell's start; pauses between slices
-    excluded).
+    excluded), plus ``queued_seconds`` and ``queued_tokens``: the engine time and output
+    tokens of the steps that ran while some request of the cell still waited for its
+    first token. With more requests than running slots (``max_num_seqs``) that is the
+    part of the cell in which a freed slot takes a waiting request, as in a server with
+    a steady queue; in a closed batch it is only the prefill.
 
     Args:
         llm: a ``vllm.LLM`` made by :func:`start_engine` with ``job["in_process"]`` true.
@@ -216,6 +220,7 @@ class SteppedCell:
         self._texts: dict[str, list[str]] = {r: [] for r in self._ids}
         self._first: dict[str, float] = {}
         self._last: dict[str, float] = {}
+        self._queued = [0.0, 0]  # engine seconds, output tokens while a request waits
         start = time.perf_counter()
         for rid, prompt in zip(self._ids, prompts):
             llm.llm_engine.add_request(rid, prompt, params)
@@ -230,11 +235,13 @@ class SteppedCell:
         engine = self._llm.llm_engine
         spent = 0.0
         while engine.has_unfinished_requests() and (spent == 0.0 or spent < seconds):
+            queued = len(self._first) < len(self._ids)
             start = time.perf_counter()
             outputs = engine.step()
             took = time.perf_counter() - start
             spent += took
             self.seconds += took
+            new_tokens = 0
             for out in outputs:
                 if out.request_id not in self._tokens or not out.outputs:
                     continue
@@ -244,6 +251,10 @@ class SteppedCell:
                     self._last[out.request_id] = self.seconds
                 self._tokens[out.request_id].extend(new.token_ids)
                 self._texts[out.request_id].append(new.text)
+                new_tokens += len(new.token_ids)
+            if queued:
+                self._queued[0] += took
+                self._queued[1] += new_tokens
         if engine.has_unfinished_requests():
             return None
         return self._result()
@@ -251,10 +262,12 @@ class SteppedCell:
     def _result(self) -> dict[str, Any]:
         tpot = [(self._last[r] - self._first[r]) / (len(self._tokens[r]) - 1)
                 for r in self._ids if len(self._tokens[r]) > 1]
-        return _cell_result(["".join(self._texts[r]) for r in self._ids],
-                            [self._tokens[r] for r in self._ids], self.seconds,
-                            [self._first[r] for r in self._ids if r in self._first], tpot,
-                            self._before, self._llm.get_metrics())
+        result = _cell_result(["".join(self._texts[r]) for r in self._ids],
+                              [self._tokens[r] for r in self._ids], self.seconds,
+                              [self._first[r] for r in self._ids if r in self._first], tpot,
+                              self._before, self._llm.get_metrics())
+        result["queued_seconds"], result["queued_tokens"] = self._queued
+        return result
 
 
 def run_json_child(args: list[str], job: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
