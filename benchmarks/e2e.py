@@ -371,8 +371,8 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
         vs_ref = [r["tokens_per_s"] / r["ref_tokens_per_s"] for r in mine
                   if r.get("ref_tokens_per_s")]
         ttft_ratios = [ratio for r in mine for ratio in _ttft_ratios(r)]
-        queued = [_queued_rate(r) / r["base_queued_tokens_per_s"] for r in mine
-                  if _queued_rate(r) and r.get("base_queued_tokens_per_s")]
+        queued = [rate / r["base_queued_tokens_per_s"] for r in mine
+                  if (rate := _queued_rate(r)) and r.get("base_queued_tokens_per_s")]
         drafted = [r["num_accepted_tokens"] / r["num_draft_tokens"]
                    for r in mine if r["num_draft_tokens"]]
         rows.append({

@@ -220,7 +220,8 @@ class SteppedCell:
         self._texts: dict[str, list[str]] = {r: [] for r in self._ids}
         self._first: dict[str, float] = {}
         self._last: dict[str, float] = {}
-        self._queued = [0.0, 0]  # engine seconds, output tokens while a request waits
+        self._queued_seconds = 0.0  # engine time and output tokens of the steps run
+        self._queued_tokens = 0  # while a request still waited for its first token
         start = time.perf_counter()
         for rid, prompt in zip(self._ids, prompts):
             llm.llm_engine.add_request(rid, prompt, params)
@@ -253,8 +254,8 @@ class SteppedCell:
                 self._texts[out.request_id].append(new.text)
                 new_tokens += len(new.token_ids)
             if queued:
-                self._queued[0] += took
-                self._queued[1] += new_tokens
+                self._queued_seconds += took
+                self._queued_tokens += new_tokens
         if engine.has_unfinished_requests():
             return None
         return self._result()
@@ -266,8 +267,8 @@ class SteppedCell:
                               [self._tokens[r] for r in self._ids], self.seconds,
                               [self._first[r] for r in self._ids if r in self._first], tpot,
                               self._before, self._llm.get_metrics())
-        result["queued_seconds"], result["queued_tokens"] = self._queued
-        return result
+        return {**result, "queued_seconds": self._queued_seconds,
+                "queued_tokens": self._queued_tokens}
 
 
 def run_json_child(args: list[str], job: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
