@@ -160,25 +160,59 @@ def engine_groups(configs: list[str], engines_at_once: int,
     return [[*fixed, *others[g::count]] for g in range(count)]
 
 
+#: the golden ratio's fractional part: prompt ``i``'s length offset is spread evenly
+#: over [-1, 1) by ``frac((i + 1) * GOLDEN)`` (a low-discrepancy sequence)
+GOLDEN = 0.6180339887498949
+
+
+def request_lengths(max_tokens: int, spread: float, first: int, count: int) -> list[int]:
+    """``max_tokens`` of the workload's prompts ``first .. first + count - 1``:
+    ``round(max_tokens * (1 + spread * u_i))`` with ``u_i = 2 frac((i + 1) * GOLDEN) - 1``
+    in [-1, 1), a fixed pattern (the same for every configuration) whose mean is close to
+    0, so the prompts' total is close to ``count * max_tokens``; at least 1 each.
+
+    With one length for all, a batch of ``none`` runs in lockstep: its requests start
+    together, so their prefills share steps, and end together, so no slot idles while
+    the last ones drain. Any method whose acceptance differs between requests breaks that,
+    which is not speculation's cost but the benchmark's uniformity (README, e2e).
+
+    Raises:
+        ValueError: ``spread`` outside [0, 1).
+    """
+    if not 0.0 <= spread < 1.0:
+        raise ValueError(f"length spread must be in [0, 1), got {spread!r}")
+    return [max(1, round(max_tokens * (1.0 + spread * (2.0 * ((i + 1) * GOLDEN % 1.0) - 1.0))))
+            for i in range(first, first + count)]
+
+
 def units(workload: str, batch: int, batch1_prompts: int, max_tokens: int,
-          batch_units: int = 1, slots: bool = False) -> list[dict]:
+          batch_units: int = 1, slots: bool = False, length_spread: float = 0.0) -> list[dict]:
     """The cells that every engine of a group runs back to back, in rotating order: at
     batch 1 one cell per prompt (``batch1_prompts`` of them), else ``batch_units`` cells
     of the next ``batch`` prompts each, a cell's prompts sent in one ``generate()`` call
     (at most as many cells as the workload has prompts for). ``slots`` (engines capped at
     ``batch`` running requests): at batch B > 1 one cell of the first ``B * batch_units``
     prompts, all in one ``generate()`` call, so that a finished request's slot takes the
-    next prompt."""
+    next prompt. ``length_spread`` > 0: each prompt's ``max_tokens`` from
+    :func:`request_lengths` (by its place in the workload)."""
     chats = WORKLOADS[workload]
     if batch == 1:
-        groups = [[c] for c in chats[:batch1_prompts]]
+        starts, size = list(range(min(batch1_prompts, len(chats)))), 1
     elif slots:
-        groups = [chats[:batch * batch_units]]
+        starts, size = [0], batch * batch_units
     else:
-        groups = [chats[i:i + batch] for i in range(0, batch * batch_units, batch)
-                  if i + batch <= len(chats)]
-    return [{"chats": g, "max_tokens": max_tokens, "temperature": 0.0,
-             "batch_size": len(g) if slots else batch} for g in groups]
+        starts = [i for i in range(0, batch * batch_units, batch) if i + batch <= len(chats)]
+        size = batch
+    cells = []
+    for first in starts:
+        group = chats[first:first + size]
+        cell = {"chats": group, "max_tokens": max_tokens, "temperature": 0.0,
+                "batch_size": len(group) if slots else batch}
+        if length_spread > 0.0:
+            cell["max_tokens_each"] = request_lengths(max_tokens, length_spread, first,
+                                                      len(group))
+        cells.append(cell)
+    return cells
 
 
 def merge(results: list[dict]) -> dict:
@@ -205,12 +239,14 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                   kv_cache_gib: int = 1, slices: float | None = None,
                   batch_units: int = 1, reference: str | None = None,
                   on_group: Callable[[list[dict], list[dict]], None] | None = None,
-                  slots: bool = False) -> tuple[list[dict], list[dict]]:
+                  slots: bool = False,
+                  length_spread: float = 0.0) -> tuple[list[dict], list[dict]]:
     """Run every (round, batch size, group of configurations) with the group's engines
     alive at once (fresh engines per round and batch size), interleaved unit by unit, or
     ``slices`` seconds of engine time at a time (see :func:`_run_group`); ``reference``:
-    see :func:`engine_groups`; ``slots``: see :func:`units` (each engine runs at most
-    ``batch`` requests at once, vLLM's ``max_num_seqs``).
+    see :func:`engine_groups`; ``slots``, ``length_spread``: see :func:`units`
+    (``slots``: each engine runs at most ``batch`` requests at once, vLLM's
+    ``max_num_seqs``).
 
     ``on_group(runs, errors)`` is called after every group with the results so far (the
     CLI writes them out, so a run stopped part-way keeps its finished groups).
@@ -231,7 +267,8 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                 start = time.perf_counter()
                 cells = _run_group_with_retry(label, group, configs, workloads, batch,
                                               batch1_prompts, max_tokens, dtype, timeout,
-                                              kv_cache_gib, slices, batch_units, slots)
+                                              kv_cache_gib, slices, batch_units, slots,
+                                              length_spread)
                 if isinstance(cells, str):  # keep the other groups' results
                     errors.append({"round": rnd, "batch": batch, "config": "+".join(group),
                                    "error": cells})
@@ -291,7 +328,8 @@ def engine_job(spec: dict | None, dtype: str, kv_cache_gib: int, batch: int,
 def _run_group(group: list[str], configs: dict[str, dict | None], workloads: list[str],
                batch: int, batch1_prompts: int, max_tokens: int, dtype: str,
                timeout: float, kv_cache_gib: int, slices: float | None,
-               batch_units: int = 1, slots: bool = False) -> dict[tuple[str, str], dict]:
+               batch_units: int = 1, slots: bool = False,
+               length_spread: float = 0.0) -> dict[tuple[str, str], dict]:
     """Start the group's engines, warm each up untimed on a batch of
     :func:`workloads.warmup_chats`, run each workload's units on every engine (the order
     rotates by one engine per unit; with ``slices``, in-process engines get each unit's
@@ -309,7 +347,8 @@ def _run_group(group: list[str], configs: dict[str, dict | None], workloads: lis
         results: dict[tuple[str, str], list[dict]] = {}
         turn = 0
         for w in workloads:
-            for cell in units(w, batch, batch1_prompts, max_tokens, batch_units, slots):
+            for cell in units(w, batch, batch1_prompts, max_tokens, batch_units, slots,
+                              length_spread):
                 order = group[turn % len(group):] + group[:turn % len(group)]
                 turn += 1
                 for name, result in _run_unit(engines, order, cell, slices, timeout):
@@ -542,6 +581,10 @@ def main(argv: list[str] | None = None) -> int:
                     "(max_num_seqs=B) and a cell is B x --batch-units prompts in one "
                     "generate(), so finished requests' slots take the next prompts (what a "
                     "loaded server sees) instead of closed batches of B that drain")
+    ap.add_argument("--length-spread", type=float, default=0.0, metavar="FRACTION",
+                    help="in [0, 1): each prompt's max tokens varies by up to this "
+                    "fraction around --max-tokens in a fixed pattern, the same for every "
+                    "configuration (default 0: one length for all)")
     ap.add_argument("--timeout", type=float, default=3600,
                     help="seconds allowed per engine start and per cell")
     ap.add_argument("--out", type=Path, default=RESULTS / "e2e.json")
@@ -572,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": args.dtype, "k": k, "max_tokens": max_tokens, "rounds": rounds,
             "batch_sizes": batch_sizes, "batch1_prompts": args.batch1_prompts,
             "batch_units": args.batch_units, "slots": args.slots,
+            "length_spread": args.length_spread,
             "workloads": workloads, "configs": configs, "enable_prefix_caching": False,
             "reference": reference,
             "engine_groups": engine_groups(list(configs), args.engines_at_once, reference),
@@ -584,6 +628,8 @@ def main(argv: list[str] | None = None) -> int:
           f"workloads {workloads}, k={k}, {max_tokens} tokens, {args.dtype}", flush=True)
     if args.batch_units < 1:
         sys.exit(f"--batch-units must be >= 1, got {args.batch_units}")
+    if not 0.0 <= args.length_spread < 1.0:
+        sys.exit(f"--length-spread must be in [0, 1), got {args.length_spread}")
     if args.slices is not None and args.slices <= 0:
         sys.exit(f"--slices must be > 0 seconds, got {args.slices}")
     os.environ.update(MALLOC_ENV)
@@ -592,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         configs, workloads, batch_sizes, args.batch1_prompts, max_tokens, rounds, args.dtype,
         args.timeout, args.engines_at_once, args.kv_cache_gib, args.slices, args.batch_units,
         reference, on_group=lambda r, e: write_results(args.out, meta, list(configs), r, e, partial=True),
-        slots=args.slots)
+        slots=args.slots, length_spread=args.length_spread)
     rows = write_results(args.out, meta, list(configs), runs, errors, partial=False)
     chart = args.out.with_suffix(".png")
     if rows:

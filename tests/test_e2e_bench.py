@@ -42,6 +42,25 @@ def test_slots_send_every_prompt_of_a_cell_in_one_call(e2e):
     assert e2e.units("summarization", 1, 3, 16, slots=True) == e2e.units("summarization", 1, 3, 16)
 
 
+def test_length_spread_gives_each_prompt_its_own_fixed_max_tokens(e2e):
+    """--length-spread: every prompt's max_tokens within the spread around max_tokens, set by
+    its place in the workload (the same in every cell shape and configuration), about
+    max_tokens on average; 0 leaves one length for all."""
+    lengths = e2e.request_lengths(64, 0.25, 0, 32)
+    assert all(48 <= n <= 80 for n in lengths) and len(set(lengths)) > 16
+    assert abs(sum(lengths) / 32 - 64) < 1.0
+    assert e2e.request_lengths(64, 0.25, 8, 8) == lengths[8:16]
+    one = e2e.units("summarization", 1, 4, 64, length_spread=0.25)
+    eight = e2e.units("summarization", 8, 4, 64, batch_units=2, length_spread=0.25)
+    slots = e2e.units("summarization", 8, 4, 64, batch_units=2, slots=True, length_spread=0.25)
+    assert [u["max_tokens_each"] for u in one] == [[n] for n in lengths[:4]]
+    assert [u["max_tokens_each"] for u in eight] == [lengths[:8], lengths[8:16]]
+    assert slots[0]["max_tokens_each"] == lengths[:16]
+    assert "max_tokens_each" not in e2e.units("summarization", 8, 4, 64)[0]
+    with pytest.raises(ValueError, match="spread"):
+        e2e.request_lengths(64, 1.0, 0, 1)
+
+
 def test_engine_jobs_cap_running_requests_with_slots_and_step_in_process_with_slices(e2e):
     """--slots caps each engine at B running requests (max_num_seqs), --slices runs its
     core in-process; the two combine (slots measured with the drift cancelled)."""

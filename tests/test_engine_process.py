@@ -28,6 +28,11 @@ def test_stepped_cell_matches_whole_cell():
         slices = 1
         while (stepped := engine.advance(0.001)) is None:  # 0.001 s: one step per slice
             slices += 1
+        each = {**CELL, "max_tokens_each": [5, 11]}  # one max_tokens per prompt
+        whole_each = engine.run(each)
+        engine.begin(each)
+        while (stepped_each := engine.advance(1.0)) is None:
+            pass
     finally:
         engine.close()
     assert stepped["token_ids"] == whole["token_ids"]
@@ -39,6 +44,9 @@ def test_stepped_cell_matches_whole_cell():
     assert 0 < stepped["queued_seconds"] < stepped["seconds"]
     assert stepped["queued_tokens"] == 2
     assert stepped["num_draft_tokens"] > 0
+    for cell in (whole_each, stepped_each):
+        assert [len(t) for t in cell["token_ids"]] == [5, 11]
+        assert [t[:5] for t in cell["token_ids"]] == [t[:5] for t in whole["token_ids"]]
 
 
 def test_stepped_cell_needs_an_in_process_engine():

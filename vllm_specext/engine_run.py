@@ -85,9 +85,10 @@ def generate(job: dict[str, Any]) -> dict[str, Any]:
             one cell or ``"cells": [cell, ...]``.
             A cell: ``{"prompts": list[str] | None, "chats": list[list[dict]] | None
             (rendered with the model's chat template), "max_tokens": int,
-            "temperature": float, "n": int, "request_seed": int | None, "sampling": dict
-            (extra SamplingParams), "batch_size": int | None (prompts per ``generate`` call;
-            None = all at once)}``.
+            "max_tokens_each": list[int] | None (one per prompt, instead of
+            ``max_tokens``), "temperature": float, "n": int, "request_seed": int | None,
+            "sampling": dict (extra SamplingParams), "batch_size": int | None (prompts per
+            ``generate`` call; None = all at once)}``.
 
     Returns:
         One result per cell (``{"cells": [...]}`` when cells were given), each
@@ -107,12 +108,15 @@ def generate(job: dict[str, Any]) -> dict[str, Any]:
     return _run_cell(llm, job)
 
 
-def _sampling_params(cell: dict[str, Any]) -> Any:
+def _sampling_params(cell: dict[str, Any], count: int) -> list[Any]:
+    """One ``SamplingParams`` per prompt of ``cell`` (``count`` prompts): its
+    ``max_tokens``, or the prompt's entry of ``max_tokens_each``."""
     from vllm import SamplingParams
 
-    return SamplingParams(temperature=cell.get("temperature", 0.0),
-                          max_tokens=cell.get("max_tokens", 128), n=cell.get("n", 1),
-                          seed=cell.get("request_seed"), **cell.get("sampling", {}))
+    lengths = cell.get("max_tokens_each") or [cell.get("max_tokens", 128)] * count
+    return [SamplingParams(temperature=cell.get("temperature", 0.0), max_tokens=n,
+                           n=cell.get("n", 1), seed=cell.get("request_seed"),
+                           **cell.get("sampling", {})) for n in lengths]
 
 
 def _prompts(llm: Any, cell: dict[str, Any]) -> list[str]:
@@ -125,13 +129,13 @@ def _prompts(llm: Any, cell: dict[str, Any]) -> list[str]:
 
 
 def _run_cell(llm: Any, cell: dict[str, Any]) -> dict[str, Any]:
-    params = _sampling_params(cell)
     prompts = _prompts(llm, cell)
+    params = _sampling_params(cell, len(prompts))
     before = llm.get_metrics()
     start = time.perf_counter()
     step = cell.get("batch_size") or len(prompts)
     outs = [o for i in range(0, len(prompts), step)
-            for o in llm.generate(prompts[i:i + step], params, use_tqdm=False)]
+            for o in llm.generate(prompts[i:i + step], params[i:i + step], use_tqdm=False)]
     seconds = time.perf_counter() - start
     ttft, tpot = [], []
     for o in outs:
@@ -212,9 +216,10 @@ class SteppedCell:
                              "(start_engine with job['in_process'] true)")
         self._llm = llm
         self._before = llm.get_metrics()
-        params = _sampling_params(cell)
-        params.output_kind = RequestOutputKind.DELTA
         prompts = _prompts(llm, cell)
+        params = _sampling_params(cell, len(prompts))
+        for p in params:
+            p.output_kind = RequestOutputKind.DELTA
         self._ids = [f"stepped-{id(self)}-{i}" for i in range(len(prompts))]
         self._tokens: dict[str, list[int]] = {r: [] for r in self._ids}
         self._texts: dict[str, list[str]] = {r: [] for r in self._ids}
@@ -223,8 +228,8 @@ class SteppedCell:
         self._queued_seconds = 0.0  # engine time and output tokens of the steps run
         self._queued_tokens = 0  # while a request still waited for its first token
         start = time.perf_counter()
-        for rid, prompt in zip(self._ids, prompts):
-            llm.llm_engine.add_request(rid, prompt, params)
+        for rid, prompt, p in zip(self._ids, prompts, params):
+            llm.llm_engine.add_request(rid, prompt, p)
         self.seconds = time.perf_counter() - start
 
     def advance(self, seconds: float) -> dict[str, Any] | None:
