@@ -36,6 +36,10 @@ the next prompt. With both, a second ratio is printed: tok/s over the steps befo
 request of the cell had its first token, the part of the cell in which a freed slot
 finds a request waiting, as in a server with a steady queue (the cell's last requests
 then drain the batch, and a request finished early leaves its slot idle).
+``--length-spread F`` gives each prompt its own ``max_tokens`` (:func:`request_lengths`,
+the same for every configuration): with one length for all, ``none``'s batch runs in
+lockstep (its requests start and finish in the same steps, so no slot idles at the end of a
+cell), which any method whose acceptance differs between requests breaks.
 
 By default the engine core runs in its own process, as ``LLM`` and ``vllm serve`` run
 it, and a unit is one ``generate()`` call timed by the wall clock. ``--slices S`` runs the
@@ -66,7 +70,8 @@ Usage::
     python benchmarks/e2e.py [--methods ngram,suffix,...,vllm_ngram] [-k 8]
         [--batch-sizes 1,8,32] [--workloads code_editing,...] [--max-tokens 128]
         [--rounds 1] [--batch1-prompts 4] [--batch-units 1] [--dtype float32] [--engines-at-once 4]
-        [--kv-cache-gib 1] [--slices SECONDS] [--slots] [--reference vllm_ngram|none|CONFIG]
+        [--kv-cache-gib 1] [--slices SECONDS] [--slots] [--length-spread 0.25]
+        [--reference vllm_ngram|none|CONFIG]
         [--out benchmarks/results/e2e.json]
     python benchmarks/e2e.py --quick   # smoke run: 1 round, batch 1 and 8,
                                        # code_editing + summarization, 48 tokens
