@@ -110,10 +110,16 @@ def generate(job: dict[str, Any]) -> dict[str, Any]:
 
 def _sampling_params(cell: dict[str, Any], count: int) -> list[Any]:
     """One ``SamplingParams`` per prompt of ``cell`` (``count`` prompts): its
-    ``max_tokens``, or the prompt's entry of ``max_tokens_each``."""
+    ``max_tokens``, or the prompt's entry of ``max_tokens_each``.
+
+    Raises:
+        ValueError: ``max_tokens_each`` does not hold one entry per prompt.
+    """
     from vllm import SamplingParams
 
     lengths = cell.get("max_tokens_each") or [cell.get("max_tokens", 128)] * count
+    if len(lengths) != count:
+        raise ValueError(f"max_tokens_each has {len(lengths)} entries for {count} prompts")
     return [SamplingParams(temperature=cell.get("temperature", 0.0), max_tokens=n,
                            n=cell.get("n", 1), seed=cell.get("request_seed"),
                            **cell.get("sampling", {})) for n in lengths]
