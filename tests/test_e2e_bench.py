@@ -179,3 +179,13 @@ def test_ttft_ratio_pairs_requests_prompt_by_prompt(e2e):
     one_missing = {"ttft_s": [0.2, 0.3, 0.4], "base_ttft_s": [0.1, 0.3]}
     assert e2e._ttft_ratios(one_missing) == pytest.approx([0.3 / 0.2])  # medians
     assert e2e._ttft_ratios({"ttft_s": [], "base_ttft_s": [0.1]}) == []
+
+
+def test_per_prompt_lengths_need_one_entry_per_prompt():
+    from vllm_specext.engine_run import _sampling_params
+
+    cell = {"max_tokens": 16, "max_tokens_each": [5, 11]}
+    assert [p.max_tokens for p in _sampling_params(cell, 2)] == [5, 11]
+    assert [p.max_tokens for p in _sampling_params({"max_tokens": 16}, 2)] == [16, 16]
+    with pytest.raises(ValueError, match="max_tokens_each has 2 entries for 3 prompts"):
+        _sampling_params(cell, 3)
