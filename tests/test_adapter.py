@@ -158,3 +158,48 @@ def test_register_imports_no_numba():
     code = ("import sys, vllm_specext.plugin as p; p.register(); "
             "assert not [m for m in sys.modules if m.startswith(('numba', 'llvmlite'))]")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def _with_budgets(d, **max_tokens):
+    d.runner.requests = {rid: SimpleNamespace(sampling_params=SimpleNamespace(max_tokens=n))
+                         for rid, n in max_tokens.items()}
+
+
+def test_drafts_stop_at_the_requests_max_tokens():
+    """vLLM verifies drafts past ``max_tokens`` and drops what they add: a request with
+    3 output tokens left gets at most 2 draft tokens (the step's bonus token is the 3rd)."""
+    d, batch, ids, n = make(k=8)
+    prompt = [1, 2, 3] * 10
+    commit(batch, ids, n, 0, "a", prompt, prompt_len=len(prompt))
+    _with_budgets(d, a=5)
+    s = commit(batch, ids, n, 0, "a", [1, 2])  # 2 of 5 output tokens
+    assert d.propose([s], n, ids) == [[3, 1]]
+    s = commit(batch, ids, n, 0, "a", [3, 1])  # 4 of 5: the next step's bonus is the last
+    assert d.propose([s], n, ids) == [[]]
+
+
+def test_a_budget_vllm_set_to_the_model_length_is_not_a_budget():
+    d, batch, ids, n = make(k=8)
+    commit(batch, ids, n, 0, "a", [1, 2, 3] * 4, prompt_len=12)
+    _with_budgets(d, a=MAX_LEN - 12)  # max_tokens=None filled to the model length
+    assert d._budgets_left(["a"], n) == [None]
+    _with_budgets(d, a=MAX_LEN - 13)
+    assert d._budgets_left(["a"], n) == [MAX_LEN - 13 - 1]
+
+
+@pytest.mark.parametrize("waiting", [None, 0, 3])
+def test_budgets_reach_the_rule_only_while_nothing_waits(monkeypatch, waiting):
+    import vllm_specext.integration.adapter as adapter
+
+    seen = []
+    monkeypatch.setattr(adapter, "shown_drafts",
+                        lambda *args: seen.append(args[-1]) or args[3])
+    d, batch, ids, n = make(k=4, adaptive=True)
+    for row, rid in enumerate(["a", "b"]):
+        commit(batch, ids, n, row, rid, [1, 2, 3] * 3, prompt_len=9)
+    _with_budgets(d, a=20, b=30)
+    d.on_step_start(SimpleNamespace(finished_req_ids=set(), total_num_scheduled_tokens=0,
+                                    specext_num_waiting=waiting))
+    sampled = [commit(batch, ids, n, row, rid, [1]) for row, rid in enumerate(["a", "b"])]
+    d.propose(sampled, n, ids)
+    assert seen == [[18, 28] if waiting == 0 else None]

@@ -7,7 +7,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_specext.adaptive import DraftLengthController, StepCostModel, shown_drafts
+from vllm_specext.adaptive import (
+    DraftLengthController,
+    StepCostModel,
+    last_finisher_shares,
+    shown_drafts,
+)
 
 
 def test_always_rejected_goes_to_zero_within_bounded_steps():
@@ -821,3 +826,54 @@ def test_isotonic_drops_an_old_point_only_when_it_is_the_slower_one():
 def test_out_of_range_arguments_are_named(make, key):
     with pytest.raises(ValueError, match=rf"\b{key} must be"):
         make()
+
+
+def test_last_finisher_shares_go_to_the_largest_budgets_left():
+    # a step commits up to k + 1 = 9 tokens: budgets within 9 of the most share
+    assert last_finisher_shares([40, 10, 35, 30], k=8) == [0.5, 0.0, 0.5, 0.0]
+    assert last_finisher_shares([5, 0, 2], k=8) == pytest.approx([1 / 3] * 3)
+    # budgets far beyond what end-of-sequence gives: within 10% of the most, all share
+    assert last_finisher_shares([4000, 3700, 3900], k=8) == pytest.approx([1 / 3] * 3)
+    assert last_finisher_shares([3000], k=8) == [1.0]
+    assert last_finisher_shares([], k=8) == []
+
+
+def _linear_model():
+    """Plain steps 20 ms + 1 ms per row, verified ones the same per token plus 2 ms."""
+    m = StepCostModel()
+    for i in range(600):
+        rows = 1 + i % 8
+        m.observe(rows, 0.020 + 0.001 * rows)
+        n = rows + 1 + i % 16
+        m.observe(n, 0.022 + 0.001 * n, speculative=True)
+    return m
+
+
+def test_token_weights_while_draining():
+    """P(8) = 28 ms, a draft token 1 ms: a token saves b = 1 ms of a request that finishes
+    before another, b + a = 21 ms of the last one; 28 / 8 = 3.5 ms on average."""
+    m = _linear_model()
+    assert m.token_weights(8, 8, [1 / 8] * 8) == pytest.approx([1.0] * 8)
+    w = m.token_weights(8, 8, [0.5, 0.5] + [0.0] * 6)
+    assert w[0] == pytest.approx((0.001 + 0.020 * 0.5) * 8 / 0.028, rel=0.02)
+    assert w[2] == pytest.approx(0.001 * 8 / 0.028, rel=0.02)
+    assert m.token_weights(1, 8, [1.0]) == pytest.approx([1.0])  # alone: a whole step
+    assert StepCostModel().token_weights(4, 8, [0.25] * 4) == [1.0] * 4  # not measured
+
+
+def test_draining_drafts_only_for_the_requests_that_finish_last():
+    m = _linear_model()
+    c = DraftLengthController(8)
+    ids = [f"r{i}" for i in range(8)]
+    for _ in range(6):  # every request's drafts accepted at ~0.6
+        for rid in ids:
+            c.trim([rid], [[1, 2, 3, 4, 5, 6, 7, 8]], 0.0)
+            c.observe(rid, [1, 2, 3, 9])
+    drafts = [[1, 2, 3, 4, 5, 6, 7, 8] for _ in ids]
+    kinds = [0] * 8
+    queued = shown_drafts(c, m, ids, [list(d) for d in drafts], kinds, 8)
+    assert all(queued)  # with a queue every row's tokens are worth P(8) / 8
+    remaining = [60, 10, 12, 8, 20, 14, 9, 11]  # r0 finishes last
+    drained = shown_drafts(c, m, ids, [list(d) for d in drafts], kinds, 8,
+                           remaining=remaining)
+    assert drained[0] and not any(drained[1:])

@@ -72,6 +72,7 @@ def engine_job(job: dict) -> dict:
         res["phases"]["preempt_abort"] = drive(llm, reqs)
         res["preemptions"] = counter(llm, "vllm:num_preemptions") - pre
         res["state_after_preempt"] = idle_state(llm)
+        res["waiting_seen"] = debug_states(llm)[0]["requests_waiting"]
         # 2. reuse of a finished id in the very next step (its finish is not flushed yet)
         res["phases"]["reuse_a"] = drive(llm, [
             {"id": "bg", "prompt": prompts[0], "params": SHORT},
@@ -129,6 +130,8 @@ def test_preempted_and_aborted_requests(runs, method):
         else:
             assert _ids(rec) == want, f"long{i}"
     _idle(res["state_after_preempt"])
+    assert res["waiting_seen"] == 0  # the scheduler's queue reaches the drafter
+
 
 
 def test_request_id_reuse(runs, method):

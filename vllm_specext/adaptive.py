@@ -144,14 +144,16 @@ class DraftLengthController:
         return min(self.k, 1 + int(math.log(threshold / a1) / math.log(a2)))
 
     def trim(self, req_ids: Sequence[str], drafts: list[list[int]],
-             threshold: float, kinds: Sequence[int] | None = None) -> list[list[int]]:
+             threshold: float | Sequence[float],
+             kinds: Sequence[int] | None = None) -> list[list[int]]:
         """Cut each full draft to its request's length; remember the full draft.
 
         Args:
             req_ids: request ids, one per draft.
             drafts: the proposer's drafts (0..k tokens each).
             threshold: the per-token emission probability a draft token must beat
-                (see :meth:`StepCostModel.threshold`).
+                (see :meth:`StepCostModel.threshold`), one for all drafts or one per
+                draft.
             kinds: the proposer's class of each draft (:attr:`Proposer.last_kinds`:
                 what it was drafted from, e.g. a long match or a guess); acceptance is
                 tracked per request and kind. None: one kind (0).
@@ -159,10 +161,12 @@ class DraftLengthController:
         Returns:
             The trimmed drafts (prefixes of ``drafts``).
         """
+        thresholds = ([threshold] * len(drafts) if isinstance(threshold, (int, float))
+                      else threshold)
         out = []
         for i, (rid, draft) in enumerate(zip(req_ids, drafts)):
             kind = self._kind(kinds[i]) if kinds is not None else 0
-            n = self.length(rid, threshold, kind) if draft else 0
+            n = self.length(rid, thresholds[i], kind) if draft else 0
             self._full_draft[rid] = (draft, kind)
             if n:
                 self._shown.add(rid)
@@ -280,7 +284,8 @@ PLAIN_STALE_RATIO = 1.25
 
 def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
                  req_ids: Sequence[str], drafts: list[list[int]], kinds: Sequence[int],
-                 rows: int, fixed_threshold: float | None = None) -> list[list[int]]:
+                 rows: int, fixed_threshold: float | None = None,
+                 remaining: Sequence[int] | None = None) -> list[list[int]]:
     """The drafts one step shows, by the rule in the module docstring: each request's
     draft cut to its length (:meth:`DraftLengthController.trim`), then all of them
     withheld unless the batch's expected accepted tokens pay for their measured cost
@@ -304,6 +309,13 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
         rows: requests decoding this step.
         fixed_threshold: ``adaptive_threshold``: a fixed per-token emission probability
             in [0, 1] and no batch-level check; None: priced by ``cost_model``.
+        remaining: when no request waits and every row decodes, the output tokens each
+            row's request may still emit (its ``max_tokens`` budget left): the engine
+            then drains a finite set of requests, whose time is set by the last to
+            finish, and an accepted token is valued by
+            :meth:`StepCostModel.token_weights` with
+            :func:`last_finisher_shares`. None: every accepted token is valued at the
+            step's time per row, as with a queue that refills freed slots.
 
     Returns:
         One draft per row, each a prefix of the proposer's (possibly empty).
@@ -311,10 +323,15 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     if fixed_threshold is not None:
         return controller.trim(req_ids, drafts, fixed_threshold, kinds)
     full = drafts
-    threshold = cost_model.threshold(rows, sum(map(len, drafts)))
-    drafts = controller.trim(req_ids, drafts, threshold, kinds)
-    expected = sum(controller.expected_accepted(rid, len(d), kind)
-                   for rid, d, kind in zip(req_ids, drafts, kinds) if d)
+    draft_tokens = sum(map(len, drafts))
+    threshold = cost_model.threshold(rows, draft_tokens)
+    weights = ([1.0] * len(drafts) if remaining is None else cost_model.token_weights(
+        rows, draft_tokens, last_finisher_shares(remaining, controller.k)))
+    drafts = controller.trim(req_ids, drafts, [
+        threshold if threshold <= 0.0 else threshold / w if w > 0.0 else math.inf
+        for w in weights], kinds)
+    expected = sum(w * controller.expected_accepted(rid, len(d), kind)
+                   for rid, d, kind, w in zip(req_ids, drafts, kinds, weights) if d)
     shown = (drafts if cost_model.pays_off(rows, expected, sum(map(len, drafts)))
              else controller.withhold(req_ids))
     if any(shown) and rows == len(req_ids) and cost_model.plain_due(rows):
@@ -337,6 +354,31 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
     if shown[i]:  # not cut to nothing by the limit
         cost_model.explored(rows + sum(map(len, shown)), backoff)
     return shown
+
+
+def last_finisher_shares(remaining: Sequence[int], k: int,
+                         tolerance: float = 0.1) -> list[float]:
+    """Each request's share of finishing last, from the output tokens each may still
+    emit: the requests within ``max(tolerance · most, k + 1)`` tokens of the most (a step
+    can commit ``k + 1`` tokens) share it equally, the others get none.
+
+    Args:
+        remaining: output tokens each request may still emit (its ``max_tokens`` left),
+            one per row, >= 0.
+        k: most draft tokens per step.
+        tolerance: the window's fraction of the largest budget: budgets set far beyond
+            the lengths end-of-sequence gives (vLLM's default, up to the model length)
+            differ by little relative to their size, so all share.
+
+    Returns:
+        One share per row in [0, 1], summing to 1 (empty for no rows).
+    """
+    if not remaining:
+        return []
+    most = max(remaining)
+    last = [r >= most - max(tolerance * most, k + 1) for r in remaining]
+    share = 1.0 / sum(last)
+    return [share if x else 0.0 for x in last]
 
 
 def _level(drafts: list[list[int]], budget: float) -> list[list[int]]:
@@ -781,12 +823,46 @@ class StepCostModel:
         base = self.step_time(rows)
         if rows <= 0 or draft_tokens <= 0 or base <= 0.0:
             return 0.0
+        return self.margin * rows * self._price(rows, draft_tokens) / base
+
+    def _price(self, rows: int, draft_tokens: int) -> float:
+        """Seconds per draft token of ``draft_tokens`` (>= 1) on ``rows`` rows (see
+        :meth:`threshold`)."""
         if draft_tokens == 1:
-            price = self.draft_cost(rows, 1)
-        else:
-            price = max(0.0, self.step_time(rows + draft_tokens, True)
-                        - self.step_time(rows + 1, True)) / (draft_tokens - 1)
-        return self.margin * rows * price / base
+            return self.draft_cost(rows, 1)
+        return max(0.0, self.step_time(rows + draft_tokens, True)
+                   - self.step_time(rows + 1, True)) / (draft_tokens - 1)
+
+    def token_weights(self, rows: int, draft_tokens: int,
+                      shares: Sequence[float]) -> list[float]:
+        """What an accepted token of each row saves while the engine drains a finite set
+        of requests (nothing waits), relative to ``P(rows) / rows`` (the value
+        :meth:`threshold` and :meth:`pays_off` assume).
+
+        The set's time is ``sum over steps of P(rows_t)``; with ``P(n) = a + b·n`` a
+        request that finishes one step sooner removes one row from a later step (``b``),
+        and the whole fixed cost ``a`` of a step only if it is the last to finish. So a
+        row whose request finishes last with probability ``q`` saves ``b + a·q`` per
+        accepted token: ``P(rows) / rows`` when every ``q`` is ``1 / rows`` (the value
+        with a refilling queue), ``b`` for a request that surely finishes before
+        another. ``b`` is the measured price of one more token in a verified step (what
+        :meth:`threshold` charges a draft token), at most ``P(rows) / rows``; ``a = P(rows)
+        - rows · b``.
+
+        Args:
+            rows: requests decoding this step.
+            draft_tokens: draft tokens offered (sets the price, as in :meth:`threshold`).
+            shares: ``q`` of each row (:func:`last_finisher_shares`).
+
+        Returns:
+            One weight >= 0 per row; all 1.0 before any measurement or without drafts.
+        """
+        base = self.step_time(rows)
+        if rows <= 0 or draft_tokens <= 0 or base <= 0.0:
+            return [1.0] * len(shares)
+        b = min(self._price(rows, draft_tokens), base / rows)
+        a = base - rows * b
+        return [(b + a * q) * rows / base for q in shares]
 
     def pays_off(self, rows: int, expected_accepted: float, draft_tokens: int) -> bool:
         """Whether drafting this step raises throughput by the margin: ``(rows + E) /

@@ -35,6 +35,9 @@ def register() -> None:
     from vllm_specext.integration.draft_handoff import patch_engine_core
 
     patch_engine_core()  # drafts arrive with the model output (no extra RPC per step)
+    from vllm_specext.integration.queue_signal import patch_scheduler
+
+    patch_scheduler()  # the worker learns whether requests wait (what a token is worth)
     install_metrics()  # vllm_specext_proposer_errors_total on /metrics
     from vllm_specext.integration.mtp_hybrid import patch_mtp_hybrid
 

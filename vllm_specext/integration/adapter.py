@@ -32,6 +32,7 @@ import numpy as np
 from vllm_specext.adaptive import DraftLengthController, StepCostModel, shown_drafts
 from vllm_specext.integration.engine_config import ADDITIONAL_CONFIG_KEY
 from vllm_specext.integration.metrics import record_proposer_error
+from vllm_specext.integration.queue_signal import waiting_requests
 from vllm_specext.proposers import build_proposer
 from vllm_specext.proposers.base import warm_up
 
@@ -92,6 +93,7 @@ class SpecExtProposer:
         self.fixed_threshold = self.config.get("adaptive_threshold")
         self.cost_model = StepCostModel(margin=self.config.get("adaptive_margin", 1.0))
         self._step: tuple[float, int, bool] | None = None  # (start, tokens, drafted)
+        self._waiting: int | None = None  # requests waiting when this step was scheduled
         self._initial_keys = {name: set(d) for name, d in self._tables().items()}  # debug_state
 
     # ------------------------------------------------------------- runner hooks
@@ -125,6 +127,7 @@ class SpecExtProposer:
         """
         for rid in scheduler_output.finished_req_ids:
             self._stop(rid, finished=True)
+        self._waiting = waiting_requests(scheduler_output)
         tokens = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
         drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
         per_request = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
@@ -153,8 +156,9 @@ class SpecExtProposer:
             {"<owner>.<attribute>": entries} for every dict attribute of the proposer and
             the adaptive controller, "request_keys": entries of those dicts added since
             construction (per-request state; fixed keys such as counters' names
-            excluded)}``; with no request in flight ``active_requests`` and
-            ``request_keys`` must be empty / 0.
+            excluded), "requests_waiting": the scheduler's queue at the last step
+            (:mod:`~vllm_specext.integration.queue_signal`; None: not known)}``; with no
+            request in flight ``active_requests`` and ``request_keys`` must be empty / 0.
         """
         tables = self._tables()
         return {"method": self.method, "num_errors": self.num_errors,
@@ -162,7 +166,8 @@ class SpecExtProposer:
                 "state_bytes": self.proposer.state_nbytes(),
                 "tables": {name: len(d) for name, d in tables.items()},
                 "request_keys": sum(len(d.keys() - self._initial_keys.get(name, set()))
-                                    for name, d in tables.items())}
+                                    for name, d in tables.items()),
+                "requests_waiting": self._waiting}
 
     # vLLM calls these on drafters.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -222,7 +227,9 @@ class SpecExtProposer:
             self.cost_model.observe(tokens, time.perf_counter() - start, drafted, rows)
             self._step = None
         try:
-            caps = [min(c, budget) for c in self._sync(req_ids, sampled, num_tokens, token_ids)]
+            left = self._budgets_left(req_ids, num_tokens)
+            caps = [min(c, budget) if n is None else min(c, budget, n)
+                    for c, n in zip(self._sync(req_ids, sampled, num_tokens, token_ids), left)]
             if self._fault and any(self._fault in (rid or "") for rid in req_ids):
                 raise RuntimeError(f"{FAULT_ENV}={self._fault!r}: injected proposer failure")
             rows = sum(1 for new in sampled if len(new))  # requests decoding this step
@@ -232,9 +239,10 @@ class SpecExtProposer:
             drafts = self.proposer.propose(req_ids, caps)
             if self.controller is None:
                 return drafts
+            draining = self._waiting == 0 and rows == num_rows and None not in left
             return shown_drafts(self.controller, self.cost_model, req_ids, drafts,
                                 self.proposer.last_kinds or [0] * num_rows, rows,
-                                self.fixed_threshold)
+                                self.fixed_threshold, left if draining else None)
         except Exception as err:  # never take the engine down: no drafts this step
             self.num_errors += 1
             record_proposer_error()
@@ -247,6 +255,25 @@ class SpecExtProposer:
             for rid in req_ids:
                 self._stop(rid, finished=False)
             return [[] for _ in range(num_rows)]
+
+    def _budgets_left(self, req_ids: Sequence[str], num_tokens: np.ndarray) -> list[int | None]:
+        """Draft tokens each row's request can still use: its ``max_tokens`` minus the
+        output it has, minus the bonus token every step emits (>= 0; vLLM schedules drafts
+        past ``max_tokens`` and drops what they add). None where the runner keeps no
+        ``max_tokens`` for it, or where vLLM set it to fill the model length (a budget no
+        one chose, which the ``max_model_len`` cap already covers)."""
+        requests = getattr(self.runner, "requests", None) or {}
+        prompt_lens = self.runner.input_batch.num_prompt_tokens
+        left = []
+        for i, rid in enumerate(req_ids):
+            params = getattr(requests.get(rid), "sampling_params", None)
+            max_tokens = getattr(params, "max_tokens", None)
+            if max_tokens is None or int(prompt_lens[i]) + max_tokens >= self.max_model_len:
+                left.append(None)
+            else:
+                output = int(num_tokens[i]) - int(prompt_lens[i])
+                left.append(max(0, int(max_tokens) - output - 1))
+        return left
 
     def _sync(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]],
               num_tokens: np.ndarray, token_ids: np.ndarray) -> list[int]:
