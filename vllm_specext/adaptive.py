@@ -24,8 +24,13 @@ already produces: throughput ``(rows + accepted) / T(rows + drafts)`` grows iff
 ``L = max{j <= k : p_j > threshold}`` tokens — zero when speculation does not pay. Then the
 batch as a whole drafts only if its expected accepted tokens pay for the measured
 ``T(rows + D) - T(rows)`` of its ``D`` draft tokens (:meth:`StepCostModel.pays_off`);
-otherwise the step runs plain. A request whose drafts keep being withheld is drafted for
-only every few steps (:meth:`DraftLengthController.proposes`), so that speculation that does
+otherwise the step runs plain. That values every accepted token at ``T(rows) / rows``, as
+a queue that refills freed slots gains it. With nothing waiting the engine drains a finite
+set of requests, whose time is set by the last to finish: an accepted token then saves a
+row of a later step, and a whole step only for the request that finishes last, so each
+request's token is weighted by its share of finishing last, read from the ``max_tokens``
+it has left (:meth:`StepCostModel.token_weights`, :func:`last_finisher_shares`).
+A request whose drafts keep being withheld is drafted for only every few steps (:meth:`DraftLengthController.proposes`), so that speculation that does
 not pay stops costing the proposer's time too. A step that verifies no draft although the
 curves say it should not is shown one now and then, so that what verifying costs is measured
 again (:func:`shown_drafts`).
