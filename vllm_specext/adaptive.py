@@ -30,8 +30,9 @@ set of requests, whose time is set by the last to finish: an accepted token then
 row of a later step, and a whole step only for the request that finishes last, so each
 request's token is weighted by its share of finishing last, read from the ``max_tokens``
 it has left (:meth:`StepCostModel.token_weights`, :func:`last_finisher_shares`).
-A request whose drafts keep being withheld is drafted for only every few steps (:meth:`DraftLengthController.proposes`), so that speculation that does
-not pay stops costing the proposer's time too. A step that verifies no draft although the
+A request whose drafts keep being withheld is drafted for only every few steps
+(:meth:`DraftLengthController.proposes`), so that speculation that does not pay stops
+costing the proposer's time too. A step that verifies no draft although the
 curves say it should not is shown one now and then, so that what verifying costs is measured
 again (:func:`shown_drafts`).
 
