@@ -128,20 +128,35 @@ def builtin_specs(k: int) -> dict[str, dict[str, Any]]:
 
 def configurations(names: list[str] | None, k: int) -> dict[str, dict[str, Any] | None]:
     """``{"none": None, name: speculative_config, ...}`` for the named configurations
-    (None = all of ours and the available built-ins).
+    (None = all of ours and the available built-ins). A name may add keys to a
+    configuration after ``/``, each ``key=value`` with a JSON value, joined by ``/``:
+    ``suffix/adaptive_drain=false`` runs ``suffix`` with that key, beside plain ``suffix``.
 
     Raises:
-        SystemExit: an unknown or unavailable name.
+        SystemExit: an unknown or unavailable name, or a value that is not JSON.
     """
     available: dict[str, dict[str, Any] | None] = {
         m: {"method": m, "num_speculative_tokens": k} for m in our_methods()}
     available.update(builtin_specs(k))
     names = list(available) if names is None else names
-    unknown = [n for n in names if n not in available]
+    unknown = [n for n in names if n.split("/")[0] not in available]
     if unknown:
         sys.exit(f"unknown or unavailable configuration(s) {unknown}; available: "
                  f"{', '.join(available)}")
-    return {"none": None, **{n: available[n] for n in names if n != "none"}}
+    return {"none": None, **{n: _with_keys(available[n.split("/")[0]], n.split("/")[1:])
+                             for n in names if n != "none"}}
+
+
+def _with_keys(config: dict[str, Any], settings: list[str]) -> dict[str, Any]:
+    """``config`` plus each ``key=value`` of ``settings`` (value read as JSON)."""
+    extra = {}
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        try:
+            extra[key] = json.loads(value)
+        except json.JSONDecodeError:
+            sys.exit(f"configuration key {key!r}: value {value!r} is not JSON")
+    return {**config, **extra}
 
 
 def engine_groups(configs: list[str], engines_at_once: int,

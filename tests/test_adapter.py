@@ -187,14 +187,14 @@ def test_a_budget_vllm_set_to_the_model_length_is_not_a_budget():
     assert d._budgets_left(["a"], n) == [MAX_LEN - 13 - 1]
 
 
-@pytest.mark.parametrize("waiting", [None, 0, 3])
-def test_budgets_reach_the_rule_only_while_nothing_waits(monkeypatch, waiting):
+@pytest.mark.parametrize("waiting, drain", [(None, True), (0, True), (3, True), (0, False)])
+def test_budgets_reach_the_rule_only_while_nothing_waits(monkeypatch, waiting, drain):
     import vllm_specext.integration.adapter as adapter
 
     seen = []
     monkeypatch.setattr(adapter, "shown_drafts",
                         lambda *args: seen.append(args[-1]) or args[3])
-    d, batch, ids, n = make(k=4, adaptive=True)
+    d, batch, ids, n = make(k=4, adaptive=True, adaptive_drain=drain)
     for row, rid in enumerate(["a", "b"]):
         commit(batch, ids, n, row, rid, [1, 2, 3] * 3, prompt_len=9)
     _with_budgets(d, a=20, b=30)
@@ -202,4 +202,4 @@ def test_budgets_reach_the_rule_only_while_nothing_waits(monkeypatch, waiting):
                                     specext_num_waiting=waiting))
     sampled = [commit(batch, ids, n, row, rid, [1]) for row, rid in enumerate(["a", "b"])]
     d.propose(sampled, n, ids)
-    assert seen == [[18, 28] if waiting == 0 else None]
+    assert seen == [[18, 28] if waiting == 0 and drain else None]

@@ -74,6 +74,10 @@ class MethodConfig(VerifyConfig):
     adaptive_margin: float = Field(
         1.5, ge=1.0, le=4.0, description="how many times its measured cost a draft must be "
         "expected to return before it is shown (1.0 = break-even)")
+    adaptive_drain: bool = Field(
+        True, description="with no request waiting, value a request's accepted tokens by "
+        "its share of finishing last, read from the max_tokens it has left (False: every "
+        "accepted token is worth a decode row, as while requests queue)")
 
     @field_validator("*", mode="before")
     @classmethod
@@ -88,7 +92,8 @@ class MethodConfig(VerifyConfig):
 
     #: keys consumed by the engine layer, not by proposer constructors
     ENGINE_KEYS: ClassVar[frozenset[str]] = VerifyConfig.KEYS | frozenset({
-        "method", "adaptive", "adaptive_threshold", "adaptive_decay", "adaptive_margin"})
+        "method", "adaptive", "adaptive_threshold", "adaptive_decay", "adaptive_margin",
+        "adaptive_drain"})
 
     def proposer_kwargs(self) -> dict[str, Any]:
         """The keys a proposer constructor takes (everything but engine-layer keys)."""

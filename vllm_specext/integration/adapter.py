@@ -94,6 +94,7 @@ class SpecExtProposer:
         self.cost_model = StepCostModel(margin=self.config.get("adaptive_margin", 1.0))
         self._step: tuple[float, int, bool] | None = None  # (start, tokens, drafted)
         self._waiting: int | None = None  # requests waiting when this step was scheduled
+        self.drain_aware = self.config.get("adaptive_drain", True)
         self._initial_keys = {name: set(d) for name, d in self._tables().items()}  # debug_state
 
     # ------------------------------------------------------------- runner hooks
@@ -239,7 +240,8 @@ class SpecExtProposer:
             drafts = self.proposer.propose(req_ids, caps)
             if self.controller is None:
                 return drafts
-            draining = self._waiting == 0 and rows == num_rows and None not in left
+            draining = (self.drain_aware and self._waiting == 0 and rows == num_rows
+                        and None not in left)
             return shown_drafts(self.controller, self.cost_model, req_ids, drafts,
                                 self.proposer.last_kinds or [0] * num_rows, rows,
                                 self.fixed_threshold, left if draining else None)
