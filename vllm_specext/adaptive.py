@@ -27,9 +27,11 @@ batch as a whole drafts only if its expected accepted tokens pay for the measure
 otherwise the step runs plain. That values every accepted token at ``T(rows) / rows``, as
 a queue that refills freed slots gains it. With nothing waiting the engine drains a finite
 set of requests, whose time is set by the last to finish: an accepted token then saves a
-row of a later step, and a whole step only for the request that finishes last, so each
-request's token is weighted by its share of finishing last, read from the ``max_tokens``
-it has left (:meth:`StepCostModel.token_weights`, :func:`last_finisher_shares`).
+row of a later step, and a whole step only for the request that finishes last. With
+``adaptive_drain`` (off by default: on the e2e benchmark it lost up to 7% at batch 32 and
+was even at batch 8) each request's token is then weighted by its share of finishing
+last, read from the ``max_tokens`` it has left (:meth:`StepCostModel.token_weights`,
+:func:`last_finisher_shares`).
 A request whose drafts keep being withheld is drafted for only every few steps
 (:meth:`DraftLengthController.proposes`), so that speculation that does not pay stops
 costing the proposer's time too. A step that verifies no draft although the

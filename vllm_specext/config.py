@@ -75,9 +75,10 @@ class MethodConfig(VerifyConfig):
         1.5, ge=1.0, le=4.0, description="how many times its measured cost a draft must be "
         "expected to return before it is shown (1.0 = break-even)")
     adaptive_drain: bool = Field(
-        True, description="with no request waiting, value a request's accepted tokens by "
+        False, description="with no request waiting, value a request's accepted tokens by "
         "its share of finishing last, read from the max_tokens it has left (False: every "
-        "accepted token is worth a decode row, as while requests queue)")
+        "accepted token is worth a decode row, as while requests queue; off by default: "
+        "it lost up to 7% of tok/s at batch 32 in the e2e benchmark)")
 
     @field_validator("*", mode="before")
     @classmethod

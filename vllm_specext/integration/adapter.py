@@ -94,7 +94,7 @@ class SpecExtProposer:
         self.cost_model = StepCostModel(margin=self.config.get("adaptive_margin", 1.0))
         self._step: tuple[float, int, bool] | None = None  # (start, tokens, drafted)
         self._waiting: int | None = None  # requests waiting when this step was scheduled
-        self.drain_aware = self.config.get("adaptive_drain", True)
+        self.drain_aware = self.config.get("adaptive_drain", False)
         self._initial_keys = {name: set(d) for name, d in self._tables().items()}  # debug_state
 
     # ------------------------------------------------------------- runner hooks
