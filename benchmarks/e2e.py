@@ -75,6 +75,9 @@ Usage::
         [--out benchmarks/results/e2e.json]
     python benchmarks/e2e.py --quick   # smoke run: 1 round, batch 1 and 8,
                                        # code_editing + summarization, 48 tokens
+
+A configuration may add keys after ``/`` (JSON values), to A/B one key in one run:
+``--methods suffix,suffix/adaptive_drain=true``.
 """
 from __future__ import annotations
 

@@ -189,3 +189,15 @@ def test_per_prompt_lengths_need_one_entry_per_prompt():
     assert [p.max_tokens for p in _sampling_params({"max_tokens": 16}, 2)] == [16, 16]
     with pytest.raises(ValueError, match="max_tokens_each has 2 entries for 3 prompts"):
         _sampling_params(cell, 3)
+
+
+def test_configuration_names_may_set_keys_after_a_slash(e2e):
+    configs = e2e.configurations(["suffix", "suffix/adaptive_drain=true/adaptive_margin=2"], 8)
+    assert configs["suffix"] == {"method": "suffix", "num_speculative_tokens": 8}
+    assert configs["suffix/adaptive_drain=true/adaptive_margin=2"] == {
+        "method": "suffix", "num_speculative_tokens": 8, "adaptive_drain": True,
+        "adaptive_margin": 2}
+    with pytest.raises(SystemExit, match="not JSON"):
+        e2e.configurations(["suffix/adaptive_drain=yes"], 8)
+    with pytest.raises(SystemExit, match="unknown"):
+        e2e.configurations(["sufix/adaptive_drain=true"], 8)
