@@ -5,10 +5,10 @@ shown_drafts`, ``remaining``; used with ``adaptive_drain``): with requests waiti
 request that finishes sooner frees its slot for the next one, so every accepted token adds
 throughput; with none waiting the engine drains a finite set of requests (``LLM.generate``
 on a list, the tail of any batch), whose time is set by the last of them to finish. The
-worker does not see the queue, so :func:`patch_scheduler` sets :data:`WAITING_ATTR` on each ``SchedulerOutput``
-(the object handed to the model runner, or pickled to it with its attributes under
-multiprocessing); :func:`waiting_requests` reads it back, None where it is missing (a
-scheduler this patch does not know).
+worker does not see the queue, so :func:`patch_scheduler` sets :data:`WAITING_ATTR` on
+each ``SchedulerOutput`` (the object handed to the model runner, or pickled to it with its
+attributes under multiprocessing); :func:`waiting_requests` reads it back, None where it
+is missing (a scheduler this patch does not know).
 """
 from __future__ import annotations
 
