@@ -362,6 +362,42 @@ def test_a_plain_price_follows_a_new_level_within_a_few_steps():
     assert m.draft_cost(32, 8) > 0.012
 
 
+def test_a_verified_curve_timed_while_the_machine_was_slow_follows_its_steps():
+    """P(32) and V(33..49) timed while the machine ran 2x slower (engines starting
+    together); then every step drafts at the normal speed. Verified steps of three sizes,
+    one each per size, move the whole verified curve there (no group sees the three
+    steps in a row its own restart needs), and P(32), now above V of more tokens timed
+    later, is due to be timed again."""
+    m = StepCostModel()
+    for _ in range(5):
+        m.observe(32, 2 * 0.100, rows=32)
+        for d in (1, 9, 17):
+            m.observe(32 + d, 2 * (0.110 + 0.002 * d), speculative=True, rows=32)
+    assert not m.plain_due(32)
+    for d in (1, 9, 17):
+        m.observe(32 + d, 0.110 + 0.002 * d, speculative=True, rows=32)
+    assert m.step_time(41, speculative=True) == pytest.approx(0.128, rel=0.02)
+    # the first of them went into its group before the median moved: a few % low
+    assert m.step_time(33, speculative=True) == pytest.approx(0.112, rel=0.1)
+    assert m.plain_due(32)
+
+
+def test_one_group_whose_time_moved_does_not_move_the_others():
+    """A one-time cost in one group (verified 9-token steps timed slow at first) moves
+    only that group: the machine's speed is the median over the groups observed."""
+    m = StepCostModel(buckets_per_octave=1)
+    for _ in range(10):
+        for n in (1, 2, 4):
+            m.observe(n, 0.1 + 0.001 * n)
+        m.observe(9, 1.0, speculative=True)
+    for _ in range(3):
+        m.observe(9, 0.15, speculative=True)
+        for n in (1, 2, 4):
+            m.observe(n, 0.1 + 0.001 * n)
+    assert m.step_time(2) == pytest.approx(0.102, rel=0.01)
+    assert m.step_time(9, speculative=True) == pytest.approx(0.15, rel=0.01)
+
+
 def test_exploring_after_many_plain_steps_shows_one_full_draft():
     """Slow first verified steps price drafting out; after ``explore_every`` plain steps
     one request's full draft is shown anyway, so the cost is measured again."""

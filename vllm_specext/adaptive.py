@@ -482,6 +482,23 @@ class StepCostModel:
         pair_window: the paired relative differences kept per row count and draft size
             (>= 1); their median is the estimate (5: one stalled step moves it not at
             all, and three new pairs, e.g. three explorations, replace it).
+        verified_scale: the verified curve's level follows its steps as a whole. Each step
+            of a verified group that counts implies a level: its time over the unscaled
+            curve's at its tokens (its group's mean outside the curve's range); once at
+            least ``verified_scale`` groups were observed within ``explore_every``
+            decode steps, the median of their latest levels scales ``V``, and the verified
+            groups keep times divided by the level they were measured at. Verified steps
+            are few where drafting does not pay and spread over many sizes (one group
+            each), so a group rarely sees the steps its own restart needs. In the e2e
+            benchmark at batch 32 (four engines started together), ``V(40)`` read 340-390
+            ms against 143-165 ms for explorations timed later at that size, while plain
+            steps, timed every step, were right: drafting looked too dear. A ``P`` left
+            high is then timed again (:meth:`plain_due` compares it with the scaled ``V``):
+            in another engine warm-up steps timed ``P(32)`` at 188 ms and ``V(33..41)`` at
+            290-350 ms, the cells ran verified 33-token steps at 132-141 ms and drafted at
+            every step, so ``P`` was not timed again, and ``suffix`` showed drafts accepted
+            at 0.35 (code generation 0.91x no speculation). 0: off (each group learns
+            only from its own steps).
 
     Raises:
         ValueError: an argument outside its range (the message names it).
@@ -492,7 +509,8 @@ class StepCostModel:
                  min_samples: int = 3, stale_steps: int = 1000,
                  explore: float = 0.5, prior_slope_ratio: float = 0.01,
                  explore_every: int = 32, explore_backoff: int = 8,
-                 explore_size_every: int = 64, pair_gap: int = 4, pair_window: int = 5):
+                 explore_size_every: int = 64, pair_gap: int = 4, pair_window: int = 5,
+                 verified_scale: int = 3):
         _check("StepCostModel", tuple(
             (name, value, value >= 1, ">= 1") for name, value in (
                 ("buckets_per_octave", buckets_per_octave), ("min_samples", min_samples),
@@ -500,6 +518,7 @@ class StepCostModel:
                 ("explore_backoff", explore_backoff),
                 ("explore_size_every", explore_size_every), ("pair_gap", pair_gap),
                 ("pair_window", pair_window))) + (
+            ("verified_scale", verified_scale, verified_scale >= 0, ">= 0"),
             ("margin", margin, margin >= 1.0, ">= 1"),
             ("prior_slope_ratio", prior_slope_ratio, prior_slope_ratio >= 0.0, ">= 0"),
             ("smoothing", smoothing, 0.0 < smoothing <= 1.0, "in (0, 1]"),
@@ -527,6 +546,10 @@ class StepCostModel:
         self._explored: dict[int, int] = {}  # bucket -> step of its last exploration
         self._steps = 0
         self._curves: dict[bool, tuple[list[float], list[float]]] | None = None  # cache
+        self.verified_scale = verified_scale
+        self._verified_level = 1.0  # the verified curve's scale (see verified_scale)
+        # verified group -> (decode step, level implied by its last step)
+        self._verified_votes: dict[tuple[int, bool], tuple[int, float]] = {}
         self.pair_gap = pair_gap
         self.pair_window = pair_window
         # (rows, verified) -> [decode step, seconds, draft tokens, paired yet] of the last step
@@ -556,12 +579,39 @@ class StepCostModel:
             group = self._groups[key] = _StepGroup()
         elif group.count and self._steps - group.last > self.stale_steps:
             group.remeasure()  # left out of the curves since: measured again, not averaged
+        raw = float(seconds)
+        if speculative:  # the verified curve's level follows its steps (verified_scale)
+            if group.ready and group.t > 0.0:
+                self._verified_votes[key] = (self._steps, raw / self._unscaled(tokens, group))
+                self._follow_verified_level()
+            else:
+                self._verified_votes.pop(key, None)
+            seconds = raw / self._verified_level
         group.add(float(tokens), float(seconds), self._steps, self.min_samples,
                   self.smoothing if speculative else self.plain_smoothing,
                   self.explore_every if speculative else None, 1 if speculative else 3)
         self._curves = None
         if rows is not None and 0 < rows and (rows < tokens or not speculative):
-            self._pair(rows, tokens - rows, float(seconds), bool(speculative))
+            self._pair(rows, tokens - rows, raw, bool(speculative))
+
+    def _unscaled(self, tokens: int, group: _StepGroup) -> float:
+        """The verified curve at ``tokens`` before :attr:`_verified_level` scales it (its
+        group's mean outside the curve's measured range)."""
+        ns, ts = self._knots(True)
+        if ns and ns[0] <= tokens <= ns[-1]:
+            return self._on_curve((ns, ts), tokens) / self._verified_level
+        return group.t
+
+    def _follow_verified_level(self) -> None:
+        """Set the verified curve's level to the median of the latest level each verified
+        group's steps imply (a step's time over the unscaled curve's at its tokens), over
+        the groups observed within ``explore_every`` decode steps, once at least
+        ``verified_scale`` of them were (see ``verified_scale``)."""
+        votes = [v for step, v in self._verified_votes.values()
+                 if self._steps - step < self.explore_every]
+        if self.verified_scale and len(votes) >= self.verified_scale:
+            self._verified_level = sorted(votes)[len(votes) // 2]
+            self._curves = None
 
     def _pair(self, rows: int, drafts: int, seconds: float, speculative: bool) -> None:
         """Pair this step with the last step of the other kind and the same ``rows``, when
@@ -684,7 +734,8 @@ class StepCostModel:
         p = min(near, key=lambda g: abs(math.log(g.n / rows)))
         if not p.ready:
             return True, None
-        if any(v.n >= p.n and v.started > p.started and p.t > PLAIN_STALE_RATIO * v.t
+        level = self._verified_level
+        if any(v.n >= p.n and v.started > p.started and p.t > PLAIN_STALE_RATIO * level * v.t
                for v in verified):
             return True, p
         return False, None
@@ -769,7 +820,9 @@ class StepCostModel:
                                 for (_, verified), g in self._groups.items()
                                 if verified == kind and g.ready
                                 and self._steps - g.last < self.stale_steps)
-                self._curves[kind] = _isotonic(points, self.explore_every)
+                xs, ys = _isotonic(points, self.explore_every)
+                level = self._verified_level if kind else 1.0
+                self._curves[kind] = (xs, [level * y for y in ys])
         return self._curves[speculative]
 
     def _on_curve(self, knots: tuple[list[float], list[float]], tokens: float) -> float:

@@ -79,6 +79,10 @@ class MethodConfig(VerifyConfig):
         "its share of finishing last, read from the max_tokens it has left (False: every "
         "accepted token is worth a decode row, as while requests queue; off by default: "
         "it lost up to 7% of tok/s at batch 32 in the e2e benchmark)")
+    adaptive_verified_scale: int = Field(
+        3, ge=0, le=64, description="verified-step sizes whose latest steps, within 32 "
+        "decode steps, rescale the whole verified-step cost curve (their median level); "
+        "0 = off, each size learns only from its own steps")
 
     @field_validator("*", mode="before")
     @classmethod
@@ -94,7 +98,7 @@ class MethodConfig(VerifyConfig):
     #: keys consumed by the engine layer, not by proposer constructors
     ENGINE_KEYS: ClassVar[frozenset[str]] = VerifyConfig.KEYS | frozenset({
         "method", "adaptive", "adaptive_threshold", "adaptive_decay", "adaptive_margin",
-        "adaptive_drain"})
+        "adaptive_drain", "adaptive_verified_scale"})
 
     def proposer_kwargs(self) -> dict[str, Any]:
         """The keys a proposer constructor takes (everything but engine-layer keys)."""

@@ -91,7 +91,9 @@ class SpecExtProposer:
         self.controller = (DraftLengthController(self.k, decay=self.config["adaptive_decay"])
                            if self.config.get("adaptive", True) else None)
         self.fixed_threshold = self.config.get("adaptive_threshold")
-        self.cost_model = StepCostModel(margin=self.config.get("adaptive_margin", 1.0))
+        self.cost_model = StepCostModel(margin=self.config.get("adaptive_margin", 1.0),
+                                        verified_scale=self.config.get(
+                                            "adaptive_verified_scale", 3))
         self._step: tuple[float, int, bool] | None = None  # (start, tokens, drafted)
         self._waiting: int | None = None  # requests waiting when this step was scheduled
         self.drain_aware = self.config.get("adaptive_drain", False)
