@@ -203,3 +203,10 @@ def test_budgets_reach_the_rule_only_while_nothing_waits(monkeypatch, waiting, d
     sampled = [commit(batch, ids, n, row, rid, [1]) for row, rid in enumerate(["a", "b"])]
     d.propose(sampled, n, ids)
     assert seen == [[18, 28] if waiting == 0 and drain else None]
+
+
+def test_verified_scale_key_reaches_the_cost_model():
+    d, *_ = make(method="suffix", adaptive=True, adaptive_verified_scale=0)
+    assert d.cost_model.verified_scale == 0
+    d, *_ = make(method="suffix", adaptive=True)
+    assert d.cost_model.verified_scale == 3

@@ -23,6 +23,8 @@ BAD = [
     ({"method": "ngram", "adaptive_decay": 1.0}, "adaptive_decay"),
     ({"method": "ngram", "adaptive_threshold": 2}, "adaptive_threshold"),
     ({"method": "suffix", "adaptive_margin": 0.5}, "adaptive_margin"),
+    ({"method": "suffix", "adaptive_verified_scale": 65}, "adaptive_verified_scale"),
+    ({"method": "suffix", "adaptive_verified_scale": True}, "adaptive_verified_scale"),
     ({"method": "ngram", "adaptive": "sometimes"}, "adaptive"),
     ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, "suffix_decoding_max_tree_depth"),
     ({"method": "suffix", "suffix_decoding_max_cached_requests": -2},
