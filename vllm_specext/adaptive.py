@@ -490,8 +490,8 @@ class StepCostModel:
             groups keep times divided by the level they were measured at. Verified steps
             are few where drafting does not pay and spread over many sizes (one group
             each), so a group rarely sees the steps its own restart needs. In the e2e
-            benchmark at batch 32 (four engines started together), ``V(40)`` read 340-390
-            ms against 143-165 ms for explorations timed later at that size, while plain
+            benchmark at batch 32 (four engines started together), ``V(40)`` read 336-398
+            ms against 143-166 ms for explorations timed later at that size, while plain
             steps, timed every step, were right: drafting looked too dear. A ``P`` left
             high is then timed again (:meth:`plain_due` compares it with the scaled ``V``):
             in another engine warm-up steps timed ``P(32)`` at 188 ms and ``V(33..41)`` at
