@@ -754,6 +754,32 @@ def test_a_stale_verified_group_restarts_from_one_faster_step():
     assert m.step_time(1) < 0.12
 
 
+def test_a_plain_group_back_after_a_while_restarts_from_one_faster_step():
+    """A plain group unobserved for ``explore_every`` steps (a batch that drained and
+    refilled with shorter contexts) takes its next step's time when that is faster than
+    ``PLAIN_RESTART_RATIO`` of it; observed within the gap, or barely faster, it follows
+    its running mean instead."""
+    def model():
+        m = StepCostModel(buckets_per_octave=1, explore_every=10)
+        for _ in range(3):
+            m.observe(32, 0.105, rows=32)
+        for _ in range(20):
+            m.observe(4, 0.05, rows=4)
+        return m
+
+    m = model()
+    m.observe(32, 0.090, rows=32)
+    assert m.step_time(32) == pytest.approx(0.090)
+    m = model()
+    m.observe(32, 0.104, rows=32)  # within the noise of one step: the mean moves a little
+    assert m.step_time(32) == pytest.approx(0.105, rel=0.01)
+    m = StepCostModel(buckets_per_octave=1, explore_every=10)
+    for _ in range(3):
+        m.observe(32, 0.105, rows=32)
+    m.observe(32, 0.090, rows=32)  # not stale: the median of the last three moves it
+    assert m.step_time(32) > 0.1
+
+
 def test_a_stale_out_of_order_size_is_dropped_not_pooled():
     m = StepCostModel(buckets_per_octave=1, explore_every=10)
     for _ in range(3):

@@ -283,6 +283,16 @@ class DraftLengthController:
         self._shown.discard(req_id)
 
 
+#: a plain group back after ``explore_every`` decode steps unobserved restarts from its
+#: next step when that is faster than this fraction of its time
+#: (:meth:`StepCostModel.observe`). The batch's contexts change meanwhile: in the e2e
+#: benchmark at batch 32 ``P(32)`` kept the previous cell's 105-107 ms (extraction's long
+#: prompts) for about ten steps into an open-chat cell whose plain steps took 88-95 ms, and
+#: the threshold read 0.44-0.49 instead of 0.6-0.8 (scratch log, 2026-12-06); in another
+#: run ``memory_decoding`` showed 90 draft tokens at 32 rows at such a cell start. Plain
+#: steps of one size vary by about 5% from step to step
+PLAIN_RESTART_RATIO = 0.95
+
 #: a plain group this many times slower than a verified group of at least as many tokens
 #: timed after it is timed again (:meth:`StepCostModel.plain_due`): interference (other
 #: engines starting on the same cores) slowed start-up steps 4-15x; noise between
@@ -461,8 +471,9 @@ class StepCostModel:
         explore_every: decode steps without a verified step after which one draft is
             verified anyway (:attr:`exploring`); also the age at which a group is stale:
             a verified group unobserved that long restarts from its next step when that
-            is more than 2x faster, and a group out of order with one observed that much
-            later is left out of the curve.
+            is more than 2x faster, a plain one when that is faster than
+            :data:`PLAIN_RESTART_RATIO` times its time, and a group out of order with one
+            observed that much later is left out of the curve.
         explore_backoff: each exploration (of a step that would verify nothing else)
             doubles the gap to the next, up to this many times ``explore_every`` (>= 1;
             1: a fixed gap), unless the step after it verifies drafts of its own; any
@@ -589,7 +600,8 @@ class StepCostModel:
             seconds = raw / self._verified_level
         group.add(float(tokens), float(seconds), self._steps, self.min_samples,
                   self.smoothing if speculative else self.plain_smoothing,
-                  self.explore_every if speculative else None, 1 if speculative else 3)
+                  self.explore_every, 1 if speculative else 3,
+                  0.5 if speculative else PLAIN_RESTART_RATIO)
         self._curves = None
         if rows is not None and 0 < rows and (rows < tokens or not speculative):
             self._pair(rows, tokens - rows, raw, bool(speculative))
@@ -971,13 +983,19 @@ class _StepGroup:
         self.count, self.first, self.outliers, self.recent = 0, [], [], []
 
     def add(self, tokens: float, seconds: float, step: int, min_samples: int,
-            smoothing: float, stale_gap: int | None, median_of: int = 1) -> None:
+            smoothing: float, stale_gap: int | None, median_of: int = 1,
+            restart_below: float = 0.5) -> None:
         """Add one step; ``stale_gap``: steps after which the group's mean is stale, so
-        that a step more than 2x faster restarts it at once (None: never; interference
-        only slows steps, so a slow one needs ``min_samples`` in a row); ``median_of``:
-        the running mean takes the median of the last that many steps' times (3: one
-        stalled step moves it not at all, a new level from its second step)."""
+        that a step faster than ``restart_below`` times it restarts it at once (None:
+        never; interference only slows steps, so a slow one needs ``min_samples`` in a
+        row); ``median_of``: the running mean takes the median of the last that many
+        steps' times (3: one stalled step moves it not at all, a new level from its
+        second step)."""
         stale = stale_gap is not None and step - self.last > stale_gap
+        if stale and self.ready and seconds < restart_below * self.t:
+            self._start_from([(seconds, tokens)], step)  # a faster step after a while
+            self.count, self.last, self.outliers, self.recent = min_samples, step, [], []
+            return
         self.count += 1
         self.last = step
         if self.count <= min_samples:  # start from the median of the first steps
@@ -988,10 +1006,6 @@ class _StepGroup:
             return
         if 0.5 * self.t <= seconds <= 2.0 * self.t:
             self.outliers = []
-        elif stale and seconds < self.t:  # a faster step after a while: trust it
-            self._start_from([(seconds, tokens)], step)
-            self.count, self.outliers, self.recent = min_samples, [], []
-            return
         else:  # min_samples outliers in a row on one side: the time has moved, restart
             # (a time that keeps jumping between two levels is followed level by level)
             if self.outliers and (self.outliers[-1][0] > self.t) != (seconds > self.t):
