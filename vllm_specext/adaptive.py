@@ -283,16 +283,6 @@ class DraftLengthController:
         self._shown.discard(req_id)
 
 
-#: a plain group back after ``explore_every`` decode steps unobserved restarts from its
-#: next step when that is faster than this fraction of its time
-#: (:meth:`StepCostModel.observe`). The batch's contexts change meanwhile: in the e2e
-#: benchmark at batch 32 ``P(32)`` kept the previous cell's 105-107 ms (extraction's long
-#: prompts) for about ten steps into an open-chat cell whose plain steps took 88-95 ms, and
-#: the threshold read 0.44-0.49 instead of 0.6-0.8 (scratch log, 2026-12-06); in another
-#: run ``memory_decoding`` showed 90 draft tokens at 32 rows at such a cell start. Plain
-#: steps of one size vary by about 5% from step to step
-PLAIN_RESTART_RATIO = 0.95
-
 #: a plain group this many times slower than a verified group of at least as many tokens
 #: timed after it is timed again (:meth:`StepCostModel.plain_due`): interference (other
 #: engines starting on the same cores) slowed start-up steps 4-15x; noise between
@@ -471,9 +461,9 @@ class StepCostModel:
         explore_every: decode steps without a verified step after which one draft is
             verified anyway (:attr:`exploring`); also the age at which a group is stale:
             a verified group unobserved that long restarts from its next step when that
-            is more than 2x faster, a plain one when that is faster than
-            :data:`PLAIN_RESTART_RATIO` times its time, and a group out of order with one
-            observed that much later is left out of the curve.
+            is more than 2x faster, a plain one from the median of its next
+            ``min_samples`` steps (see :meth:`observe`), and a group out of order with
+            one observed that much later is left out of the curve.
         explore_backoff: each exploration (of a step that would verify nothing else)
             doubles the gap to the next, up to this many times ``explore_every`` (>= 1;
             1: a fixed gap), unless the step after it verifies drafts of its own; any
@@ -600,8 +590,7 @@ class StepCostModel:
             seconds = raw / self._verified_level
         group.add(float(tokens), float(seconds), self._steps, self.min_samples,
                   self.smoothing if speculative else self.plain_smoothing,
-                  self.explore_every, 1 if speculative else 3,
-                  0.5 if speculative else PLAIN_RESTART_RATIO)
+                  self.explore_every, 1 if speculative else 3, resume=not speculative)
         self._curves = None
         if rows is not None and 0 < rows and (rows < tokens or not speculative):
             self._pair(rows, tokens - rows, raw, bool(speculative))
@@ -962,7 +951,8 @@ class StepCostModel:
 class _StepGroup:
     """Steps of one token-count bucket and kind: running means of tokens and seconds."""
 
-    __slots__ = ("n", "t", "count", "last", "started", "first", "outliers", "recent")
+    __slots__ = ("n", "t", "count", "last", "started", "first", "outliers", "recent",
+                 "resume")
 
     def __init__(self):
         self.n = self.t = 0.0
@@ -972,6 +962,8 @@ class _StepGroup:
         # the latest steps in a row outside [t/2, 2t], all on one side
         self.outliers: list[tuple[float, float]] = []
         self.recent: list[float] = []  # the last steps' (clamped) times, for median_of
+        # a plain group's steps since it came back from a stale gap (None: not collecting)
+        self.resume: list[tuple[float, float]] | None = None
 
     @property
     def ready(self) -> bool:
@@ -981,21 +973,22 @@ class _StepGroup:
         """Start again from the median of the next ``min_samples`` steps (the group does
         not count until then)."""
         self.count, self.first, self.outliers, self.recent = 0, [], [], []
+        self.resume = None
 
     def add(self, tokens: float, seconds: float, step: int, min_samples: int,
             smoothing: float, stale_gap: int | None, median_of: int = 1,
-            restart_below: float = 0.5) -> None:
-        """Add one step; ``stale_gap``: steps after which the group's mean is stale, so
-        that a step faster than ``restart_below`` times it restarts it at once (None:
-        never; interference only slows steps, so a slow one needs ``min_samples`` in a
-        row); ``median_of``: the running mean takes the median of the last that many
-        steps' times (3: one stalled step moves it not at all, a new level from its
-        second step)."""
+            resume: bool = False) -> None:
+        """Add one step; ``stale_gap``: steps after which the group's mean is stale (None:
+        never). A stale group restarts from the median of its next ``min_samples`` steps,
+        following its running mean meanwhile, when ``resume`` (plain groups: their steps
+        come often); otherwise from a step more than 2x faster at once (verified groups
+        are measured rarely; interference only slows steps, so a slow one needs
+        ``min_samples`` in a row). ``median_of``: the running mean takes the median of
+        the last that many steps' times (3: one stalled step moves it not at all, a new
+        level from its second step)."""
         stale = stale_gap is not None and step - self.last > stale_gap
-        if stale and self.ready and seconds < restart_below * self.t:
-            self._start_from([(seconds, tokens)], step)  # a faster step after a while
-            self.count, self.last, self.outliers, self.recent = min_samples, step, [], []
-            return
+        if stale and resume and self.ready:
+            self.resume, stale = [], False
         self.count += 1
         self.last = step
         if self.count <= min_samples:  # start from the median of the first steps
@@ -1004,8 +997,18 @@ class _StepGroup:
                 self._start_from(self.first, step)
                 self.first = []
             return
+        if self.resume is not None:
+            self.resume.append((seconds, tokens))
+            if len(self.resume) == min_samples:
+                self._start_from(self.resume, step)
+                self.count, self.outliers, self.recent, self.resume = min_samples, [], [], None
+                return
         if 0.5 * self.t <= seconds <= 2.0 * self.t:
             self.outliers = []
+        elif stale and seconds < self.t:  # a faster step after a while: trust it
+            self._start_from([(seconds, tokens)], step)
+            self.count, self.outliers, self.recent = min_samples, [], []
+            return
         else:  # min_samples outliers in a row on one side: the time has moved, restart
             # (a time that keeps jumping between two levels is followed level by level)
             if self.outliers and (self.outliers[-1][0] > self.t) != (seconds > self.t):
