@@ -1000,14 +1000,12 @@ class _StepGroup:
         if self.resume is not None:
             self.resume.append((seconds, tokens))
             if len(self.resume) == min_samples:
-                self._start_from(self.resume, step)
-                self.count, self.outliers, self.recent, self.resume = min_samples, [], [], None
+                self._restart_from(self.resume, step, min_samples)
                 return
         if 0.5 * self.t <= seconds <= 2.0 * self.t:
             self.outliers = []
         elif stale and seconds < self.t:  # a faster step after a while: trust it
-            self._start_from([(seconds, tokens)], step)
-            self.count, self.outliers, self.recent = min_samples, [], []
+            self._restart_from([(seconds, tokens)], step, min_samples)
             return
         else:  # min_samples outliers in a row on one side: the time has moved, restart
             # (a time that keeps jumping between two levels is followed level by level)
@@ -1015,8 +1013,7 @@ class _StepGroup:
                 self.outliers = []
             self.outliers.append((seconds, tokens))
             if len(self.outliers) >= min_samples:
-                self._start_from(self.outliers, step)
-                self.count, self.outliers, self.recent = min_samples, [], []
+                self._restart_from(self.outliers, step, min_samples)
                 return
         seconds = min(max(seconds, 0.5 * self.t), 2.0 * self.t)
         if median_of > 1:  # from a (re)start the window begins with the group's time
@@ -1026,6 +1023,13 @@ class _StepGroup:
         w = max(1.0 / self.count, smoothing)
         self.n += w * (tokens - self.n)
         self.t += w * (seconds - self.t)
+
+    def _restart_from(self, steps: list[tuple[float, float]], step: int,
+                      min_samples: int) -> None:
+        """:meth:`_start_from` ``steps`` for a group that counted already: it counts at
+        once, and the steps kept towards any other restart are dropped."""
+        self._start_from(steps, step)
+        self.count, self.outliers, self.recent, self.resume = min_samples, [], [], None
 
     def _start_from(self, steps: list[tuple[float, float]], step: int) -> None:
         """Set the group to the median time and the mean tokens of ``(seconds, tokens)``
