@@ -210,3 +210,38 @@ def test_verified_scale_key_reaches_the_cost_model():
     assert d.cost_model.verified_scale == 0
     d, *_ = make(method="suffix", adaptive=True)
     assert d.cost_model.verified_scale == 3
+
+
+def test_decision_log_writes_one_line_per_step(monkeypatch, tmp_path):
+    """``VLLM_SPECEXT_DECISION_LOG`` makes the drafting worker log each step's decision."""
+    import json
+
+    from vllm_specext.integration.decision_log import DECISION_LOG_ENV
+
+    monkeypatch.setenv(DECISION_LOG_ENV, str(tmp_path / "log"))
+    d, batch, ids, n = make(k=4, adaptive=True)
+    prompt = [3, 4, 5, 6, 7] * 4
+    commit(batch, ids, n, 0, "a", prompt, prompt_len=len(prompt))
+    d.on_step_start(SimpleNamespace(finished_req_ids=set(), num_scheduled_tokens={"a": 20},
+                                    total_num_scheduled_tokens=20))
+    assert d.propose([[]], n, ids) == [[]]  # partial prefill: nothing offered
+    d.on_step_start(SimpleNamespace(finished_req_ids=set(), num_scheduled_tokens={"a": 1},
+                                    total_num_scheduled_tokens=1))
+    shown = d.propose([commit(batch, ids, n, 0, "a", [3])], n, ids)
+    files = list(tmp_path.glob("log.ngram.*.jsonl"))
+    assert len(files) == 1
+    first, second = [json.loads(line) for line in files[0].read_text().splitlines()]
+    assert first["step"] == 1 and first["rows"] == 0 and first["offered"] == 0
+    assert first["timed"] is None  # a prefill step is not timed
+    assert second["rows"] == second["committed"] == 1 and second["batch"] == 1
+    assert second["timed"][0] == 1 and second["timed"][2] is False
+    assert second["offered"] == 4 and second["offered_rows"] == 1
+    assert second["shown"] == len(shown[0]) and second["shown_rows"] == int(bool(shown[0]))
+    assert set(second) >= {"threshold", "plain_ms", "exploring"}
+
+
+def test_no_decision_log_without_the_variable(monkeypatch):
+    from vllm_specext.integration.decision_log import DECISION_LOG_ENV
+
+    monkeypatch.delenv(DECISION_LOG_ENV, raising=False)
+    assert make(adaptive=True)[0].decision_log is None

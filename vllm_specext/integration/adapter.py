@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from vllm_specext.adaptive import DraftLengthController, StepCostModel, shown_drafts
+from vllm_specext.integration.decision_log import DecisionLog
 from vllm_specext.integration.engine_config import ADDITIONAL_CONFIG_KEY
 from vllm_specext.integration.metrics import record_proposer_error
 from vllm_specext.integration.queue_signal import waiting_requests
@@ -97,6 +98,8 @@ class SpecExtProposer:
         self._step: tuple[float, int, bool] | None = None  # (start, tokens, drafted)
         self._waiting: int | None = None  # requests waiting when this step was scheduled
         self.drain_aware = self.config.get("adaptive_drain", False)
+        #: per-step decisions, when ``VLLM_SPECEXT_DECISION_LOG`` is set (drafting rank only)
+        self.decision_log = DecisionLog.from_env(self.method) if self.is_drafting_rank else None
         self._initial_keys = {name: set(d) for name, d in self._tables().items()}  # debug_state
 
     # ------------------------------------------------------------- runner hooks
@@ -225,9 +228,12 @@ class SpecExtProposer:
         if not self.is_drafting_rank or self.runner is None:
             return [[] for _ in range(num_rows)]
         req_ids = self.runner.input_batch.req_ids[:num_rows]
+        timed = None
         if self._step is not None:  # the step that just ran: model time vs tokens
             start, tokens, drafted, rows = self._step
-            self.cost_model.observe(tokens, time.perf_counter() - start, drafted, rows)
+            seconds = time.perf_counter() - start
+            self.cost_model.observe(tokens, seconds, drafted, rows)
+            timed = [tokens, round(1e3 * seconds, 3), drafted]
             self._step = None
         try:
             left = self._budgets_left(req_ids, num_tokens)
@@ -244,9 +250,14 @@ class SpecExtProposer:
                 return drafts
             draining = (self.drain_aware and self._waiting == 0 and rows == num_rows
                         and None not in left)
-            return shown_drafts(self.controller, self.cost_model, req_ids, drafts,
-                                self.proposer.last_kinds or [0] * num_rows, rows,
-                                self.fixed_threshold, left if draining else None)
+            logged = self._decision_fields(sampled, drafts, rows, timed)
+            shown = shown_drafts(self.controller, self.cost_model, req_ids, drafts,
+                                 self.proposer.last_kinds or [0] * num_rows, rows,
+                                 self.fixed_threshold, left if draining else None)
+            if logged is not None:
+                self.decision_log.write(**logged, shown=sum(map(len, shown)),
+                                        shown_rows=sum(1 for d in shown if d))
+            return shown
         except Exception as err:  # never take the engine down: no drafts this step
             self.num_errors += 1
             record_proposer_error()
@@ -259,6 +270,22 @@ class SpecExtProposer:
             for rid in req_ids:
                 self._stop(rid, finished=False)
             return [[] for _ in range(num_rows)]
+
+    def _decision_fields(self, sampled: Sequence[Sequence[int]], drafts: list[list[int]],
+                         rows: int, timed: list | None) -> dict[str, Any] | None:
+        """The fields of a decision-log line known before the adaptive rule decides
+        (:mod:`~vllm_specext.integration.decision_log`); None when no log is kept."""
+        if self.decision_log is None:
+            return None
+        offered = sum(map(len, drafts))
+        model = self.cost_model
+        return {"rows": rows, "batch": len(sampled), "committed": sum(map(len, sampled)),
+                "timed": timed, "offered": offered,
+                "offered_rows": sum(1 for d in drafts if d),
+                "threshold": round(self.fixed_threshold if self.fixed_threshold is not None
+                                   else model.threshold(rows, offered), 4),
+                "plain_ms": round(1e3 * model.step_time(rows), 3),
+                "exploring": model.exploring}
 
     def _budgets_left(self, req_ids: Sequence[str], num_tokens: np.ndarray) -> list[int | None]:
         """Draft tokens each row's request can still use: its ``max_tokens`` minus the

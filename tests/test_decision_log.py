@@ -1,0 +1,33 @@
+"""The decision-log summary (``benchmarks/decision_log.py``) on hand-made lines."""
+from __future__ import annotations
+
+from conftest import load_benchmark
+
+decision_log = load_benchmark("decision_log")
+
+
+def line(rows, committed, timed, offered, shown, exploring=False):
+    return {"rows": rows, "batch": rows, "committed": committed, "timed": timed,
+            "offered": offered, "offered_rows": 1, "shown": shown, "shown_rows": 1,
+            "threshold": 0.5, "plain_ms": 10.0, "exploring": exploring}
+
+
+def test_rows_bucket():
+    assert [decision_log.rows_bucket(r) for r in (1, 2, 3, 4, 7, 8, 32, 33)] == [
+        "1", "2-3", "2-3", "4-7", "4-7", "8-15", "32-63", "32-63"]
+
+
+def test_summary_attributes_acceptance_and_time_to_the_step_that_showed_drafts():
+    lines = [line(0, 0, None, 0, 0),                     # after the prefill
+             line(4, 4, None, 6, 0),                     # plain step decided
+             line(4, 4, [4, 10.0, False], 8, 8, True),   # an exploration decided
+             line(4, 7, [12, 14.0, True], 3, 0),         # it accepted 3
+             line(2, 2, [4, 11.0, False], 2, 2),         # rows fell to 2
+             line(2, 3, [4, 9.0, True], 0, 0)]
+    s = decision_log.summarize(lines)
+    assert list(s) == ["2-3", "4-7"]
+    assert s["4-7"] == {"steps": 3, "shown_steps": 1, "explorations": 1, "offered": 17,
+                        "shown": 8, "accepted": 3, "plain_ms": 10.0, "verified_ms": 14.0}
+    assert s["2-3"]["shown"] == 2 and s["2-3"]["accepted"] == 1
+    assert s["2-3"]["verified_ms"] == 9.0 and s["2-3"]["plain_ms"] is None
+    assert "| 4-7 | 3 | 1 (1) | 17 | 8 | 3 | 10.0 | 14.0 |" in decision_log.table("x", s)

@@ -1,0 +1,55 @@
+"""A per-step log of the adaptive decisions of the drafting worker, for debugging.
+
+Set ``VLLM_SPECEXT_DECISION_LOG=<prefix>`` before the engine starts and every drafting
+worker appends one JSON object per engine step to ``<prefix>.<method>.<pid>.jsonl``
+(one file per engine, so several engines may share a prefix). Off by default: one line
+costs a few microseconds. ``python benchmarks/decision_log.py <prefix>*.jsonl`` sums a log up.
+
+A line, written when vLLM asks for the next step's drafts:
+
+* ``step``: count of ``propose`` calls of this worker; ``rows``: requests that decoded
+  in the step that just ran (the batch's rows, of which ``batch`` exist);
+* ``committed``: tokens those rows committed (``committed - rows`` of them were
+  accepted draft tokens);
+* ``timed``: that step as the cost model saw it, ``[tokens, milliseconds, verified]``,
+  or null when it was not timed (a prefill chunk in it, or the first step);
+* ``offered`` / ``offered_rows``: draft tokens the proposer made for the next step and
+  the rows with one; ``shown`` / ``shown_rows``: what the adaptive rule let through;
+* ``threshold``: the emission probability a draft token had to beat
+  (:meth:`~vllm_specext.adaptive.StepCostModel.threshold`), ``plain_ms``: the modelled
+  plain step time ``P(rows)``, ``exploring``: whether the cost model wanted a verified
+  step measured (:attr:`~vllm_specext.adaptive.StepCostModel.exploring`).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+#: Environment variable naming the log files' prefix (unset: no log).
+DECISION_LOG_ENV = "VLLM_SPECEXT_DECISION_LOG"
+
+
+class DecisionLog:
+    """Append-only JSON-lines writer of one worker's decisions.
+
+    Args:
+        path: the file to append to (created with its parent folders).
+    """
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
+        self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        self._step = 0
+
+    @classmethod
+    def from_env(cls, method: str) -> DecisionLog | None:
+        """The log named by :data:`DECISION_LOG_ENV` for this process (None when unset)."""
+        prefix = os.environ.get(DECISION_LOG_ENV)
+        return cls(f"{prefix}.{method}.{os.getpid()}.jsonl") if prefix else None
+
+    def write(self, **fields: Any) -> None:
+        """Append one line: ``{"step": n, **fields}`` (values JSON-serialisable)."""
+        self._step += 1
+        self._file.write(json.dumps({"step": self._step, **fields}) + "\n")
