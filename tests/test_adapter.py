@@ -238,6 +238,7 @@ def test_decision_log_writes_one_line_per_step(monkeypatch, tmp_path):
     assert second["offered"] == 4 and second["offered_rows"] == 1
     assert second["shown"] == len(shown[0]) and second["shown_rows"] == int(bool(shown[0]))
     assert set(second) >= {"threshold", "plain_ms", "exploring"}
+    assert second["time"] >= first["time"] > 1.7e9  # Unix seconds
 
 
 def test_no_decision_log_without_the_variable(monkeypatch):

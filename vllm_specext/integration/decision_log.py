@@ -7,7 +7,8 @@ costs a few microseconds. ``python benchmarks/decision_log.py <prefix>*.jsonl`` 
 
 A line, written when vLLM asks for the next step's drafts:
 
-* ``step``: count of ``propose`` calls of this worker; ``rows``: requests that decoded
+* ``step``: count of ``propose`` calls of this worker; ``time``: when the line was written
+  (Unix seconds, to line up several engines' logs); ``rows``: requests that decoded
   in the step that just ran (the batch's rows, of which ``batch`` exist);
 * ``committed``: tokens those rows committed (``committed - rows`` of them were
   accepted draft tokens);
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 #: Environment variable naming the log files' prefix (unset: no log).
@@ -50,6 +52,8 @@ class DecisionLog:
         return cls(f"{prefix}.{method}.{os.getpid()}.jsonl") if prefix else None
 
     def write(self, **fields: Any) -> None:
-        """Append one line: ``{"step": n, **fields}`` (values JSON-serialisable)."""
+        """Append one line: ``{"step": n, "time": t, **fields}`` (values
+        JSON-serialisable)."""
         self._step += 1
-        self._file.write(json.dumps({"step": self._step, **fields}) + "\n")
+        self._file.write(json.dumps({"step": self._step, "time": round(time.time(), 4),
+                                     **fields}) + "\n")
