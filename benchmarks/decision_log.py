@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 
@@ -71,6 +72,23 @@ def table(name: str, groups: dict[str, dict]) -> str:
     return "\n".join(out)
 
 
+def read_log(path: str) -> list[dict]:
+    """A log's lines, in file order; a line that is not JSON (the last one of an engine
+    killed mid-write) is skipped with a note on stderr.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    lines = []
+    for number, text in enumerate(Path(path).read_text().splitlines(), 1):
+        if text.strip():
+            try:
+                lines.append(json.loads(text))
+            except json.JSONDecodeError:
+                print(f"{path}:{number}: not a JSON line, skipped", file=sys.stderr)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("logs", nargs="+", help="decision-log files (*.jsonl)")
@@ -78,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result = {}
     for path in args.logs:
-        lines = [json.loads(s) for s in Path(path).read_text().splitlines() if s.strip()]
+        try:
+            lines = read_log(path)
+        except OSError as err:
+            ap.error(f"cannot read {path}: {err.strerror or err}")
         result[path] = summarize(lines)
         print(table(Path(path).name, result[path]) + "\n")
     if args.json:

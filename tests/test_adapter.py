@@ -241,6 +241,34 @@ def test_decision_log_writes_one_line_per_step(monkeypatch, tmp_path):
     assert second["time"] >= first["time"] > 1.7e9  # Unix seconds
 
 
+def test_decision_log_without_adaptation_shows_what_was_offered(monkeypatch, tmp_path):
+    import json
+
+    from vllm_specext.integration.decision_log import DECISION_LOG_ENV
+
+    monkeypatch.setenv(DECISION_LOG_ENV, str(tmp_path / "log"))
+    d, batch, ids, n = make(k=4, adaptive=False)
+    commit(batch, ids, n, 0, "a", [3, 4, 5, 6, 7] * 4, prompt_len=20)
+    d.propose([[]], n, ids)
+    assert d.propose([commit(batch, ids, n, 0, "a", [3])], n, ids) == [[4, 5, 6, 7]]
+    lines = [json.loads(x) for x in next(tmp_path.glob("log.*")).read_text().splitlines()]
+    assert [(x["offered"], x["shown"], x["threshold"]) for x in lines] == [(0, 0, 0.0),
+                                                                            (4, 4, 0.0)]
+
+
+def test_an_unwritable_decision_log_is_a_warning_not_a_failure(monkeypatch, tmp_path, caplog):
+    from vllm_specext.integration.decision_log import DECISION_LOG_ENV
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the prefix wants a folder
+    monkeypatch.setenv(DECISION_LOG_ENV, str(blocker / "log"))
+    d, batch, ids, n = make(adaptive=True)
+    assert d.decision_log is None
+    assert DECISION_LOG_ENV in caplog.text
+    commit(batch, ids, n, 0, "a", [1, 2, 3], prompt_len=3)
+    assert d.propose([[]], n, ids) == [[]]
+
+
 def test_no_decision_log_without_the_variable(monkeypatch):
     from vllm_specext.integration.decision_log import DECISION_LOG_ENV
 

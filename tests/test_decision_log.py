@@ -1,7 +1,12 @@
 """The decision-log summary (``benchmarks/decision_log.py``) on hand-made lines."""
 from __future__ import annotations
 
+import json
+
+import pytest
 from conftest import load_benchmark
+
+from vllm_specext.integration.decision_log import DecisionLog
 
 decision_log = load_benchmark("decision_log")
 
@@ -31,3 +36,25 @@ def test_summary_attributes_acceptance_and_time_to_the_step_that_showed_drafts()
     assert s["2-3"]["shown"] == 2 and s["2-3"]["accepted"] == 1
     assert s["2-3"]["verified_ms"] == 9.0 and s["2-3"]["plain_ms"] is None
     assert "| 4-7 | 3 | 1 (1) | 17 | 8 | 3 | 10.0 | 14.0 |" in decision_log.table("x", s)
+
+
+def test_a_failed_write_stops_the_log_without_raising(tmp_path, caplog):
+    log = DecisionLog(str(tmp_path / "x.jsonl"))
+    log.write(rows=1)
+    log._file.close()
+    log._file = open("/dev/full", "w", buffering=1)  # noqa: SIM115  (a full disk: ENOSPC)
+    log.write(rows=2)
+    log.write(rows=3)
+    assert "logging stops" in caplog.text
+    assert len((tmp_path / "x.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_truncated_line_is_skipped_and_a_missing_file_is_a_usage_error(tmp_path, capsys):
+    path = tmp_path / "log.jsonl"
+    path.write_text(json.dumps(line(4, 4, None, 0, 0)) + "\n" + '{"step": 2, "ro')
+    assert decision_log.main([str(path)]) == 0
+    out = capsys.readouterr()
+    assert "log.jsonl:2: not a JSON line, skipped" in out.err and "| 4-7 | 1 |" in out.out
+    with pytest.raises(SystemExit) as exit_info:
+        decision_log.main([str(tmp_path / "missing.jsonl")])
+    assert exit_info.value.code == 2 and "cannot read" in capsys.readouterr().err

@@ -276,6 +276,21 @@ def test_global_cache_drafts_from_finished_outputs():
     assert p.propose(["b"]) == [[13, 14, 15]]
 
 
+def test_negative_token_ids_are_stored_like_any_other():
+    """A child key holds the token's 32 bits: -1 once cleared the parent's bits, hit the
+    hash table's empty key and crashed the process (found by a fresh-user review)."""
+    p = build_proposer("suffix", num_speculative_tokens=4)
+    p.start_request("r1", [1, 2, 3, 1, 2, 3, 1, 2])
+    p.update("r1", [3, 1, 2])
+    p.stop_request("r1")
+    p.start_request("n", [-1, 2, -1, 2])
+    assert p.propose(["n"]) == [[-1, 2]]
+    p.update("n", [-1, -2])
+    p.stop_request("n")
+    p.start_request("m", [5, -1])  # n's output "-1 -2" is in the global tree
+    assert p.propose(["m"]) == [[-2]]
+
+
 def test_local_weight_follows_the_tree_that_predicts():
     """The request tree says 1 -> 2, the global tree 1 -> 3: the local weight rises while
     2 follows, falls while 3 follows, and stays within its bound."""

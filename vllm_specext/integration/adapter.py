@@ -246,14 +246,15 @@ class SpecExtProposer:
                 caps = [c if c > 0 and self.controller.proposes(rid) else 0
                         for rid, c in zip(req_ids, caps)]
             drafts = self.proposer.propose(req_ids, caps)
-            if self.controller is None:
-                return drafts
-            draining = (self.drain_aware and self._waiting == 0 and rows == num_rows
-                        and None not in left)
             logged = self._decision_fields(sampled, drafts, rows, timed)
-            shown = shown_drafts(self.controller, self.cost_model, req_ids, drafts,
-                                 self.proposer.last_kinds or [0] * num_rows, rows,
-                                 self.fixed_threshold, left if draining else None)
+            if self.controller is None:
+                shown = drafts
+            else:
+                draining = (self.drain_aware and self._waiting == 0 and rows == num_rows
+                            and None not in left)
+                shown = shown_drafts(self.controller, self.cost_model, req_ids, drafts,
+                                     self.proposer.last_kinds or [0] * num_rows, rows,
+                                     self.fixed_threshold, left if draining else None)
             if logged is not None:
                 self.decision_log.write(**logged, shown=sum(map(len, shown)),
                                         shown_rows=sum(1 for d in shown if d))
@@ -279,11 +280,11 @@ class SpecExtProposer:
             return None
         offered = sum(map(len, drafts))
         model = self.cost_model
+        threshold = (0.0 if self.controller is None else self.fixed_threshold
+                     if self.fixed_threshold is not None else model.threshold(rows, offered))
         return {"rows": rows, "batch": len(sampled), "committed": sum(map(len, sampled)),
                 "timed": timed, "offered": offered,
-                "offered_rows": sum(1 for d in drafts if d),
-                "threshold": round(self.fixed_threshold if self.fixed_threshold is not None
-                                   else model.threshold(rows, offered), 4),
+                "offered_rows": sum(1 for d in drafts if d), "threshold": round(threshold, 4),
                 "plain_ms": round(1e3 * model.step_time(rows), 3),
                 "exploring": model.exploring}
 

@@ -15,18 +15,23 @@ A line, written when vLLM asks for the next step's drafts:
 * ``timed``: that step as the cost model saw it, ``[tokens, milliseconds, verified]``,
   or null when it was not timed (a prefill chunk in it, or the first step);
 * ``offered`` / ``offered_rows``: draft tokens the proposer made for the next step and
-  the rows with one; ``shown`` / ``shown_rows``: what the adaptive rule let through;
+  the rows with one; ``shown`` / ``shown_rows``: what the adaptive rule let through
+  (everything offered with ``"adaptive": false``);
 * ``threshold``: the emission probability a draft token had to beat
-  (:meth:`~vllm_specext.adaptive.StepCostModel.threshold`), ``plain_ms``: the modelled
+  (:meth:`~vllm_specext.adaptive.StepCostModel.threshold`, ``adaptive_threshold`` when
+  set, 0 with ``"adaptive": false``), ``plain_ms``: the modelled
   plain step time ``P(rows)``, ``exploring``: whether the cost model wanted a verified
   step measured (:attr:`~vllm_specext.adaptive.StepCostModel.exploring`).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 #: Environment variable naming the log files' prefix (unset: no log).
 DECISION_LOG_ENV = "VLLM_SPECEXT_DECISION_LOG"
@@ -47,13 +52,31 @@ class DecisionLog:
 
     @classmethod
     def from_env(cls, method: str) -> DecisionLog | None:
-        """The log named by :data:`DECISION_LOG_ENV` for this process (None when unset)."""
+        """The log named by :data:`DECISION_LOG_ENV` for this process; None when the
+        variable is unset, or (with a warning naming it) when the file cannot be opened:
+        a debugging aid never stops the engine."""
         prefix = os.environ.get(DECISION_LOG_ENV)
-        return cls(f"{prefix}.{method}.{os.getpid()}.jsonl") if prefix else None
+        if not prefix:
+            return None
+        path = f"{prefix}.{method}.{os.getpid()}.jsonl"
+        try:
+            return cls(path)
+        except OSError as err:
+            logger.warning("%s=%r: cannot write the decision log %s (%s); no log is kept",
+                           DECISION_LOG_ENV, prefix, path, err)
+            return None
 
     def write(self, **fields: Any) -> None:
         """Append one line: ``{"step": n, "time": t, **fields}`` (values
-        JSON-serialisable)."""
+        JSON-serialisable). After a failed write (disk full, file gone) it logs a warning
+        once and writes nothing more; it never raises ``OSError``."""
+        if self._file is None:
+            return
         self._step += 1
-        self._file.write(json.dumps({"step": self._step, "time": round(time.time(), 4),
-                                     **fields}) + "\n")
+        try:
+            self._file.write(json.dumps({"step": self._step, "time": round(time.time(), 4),
+                                         **fields}) + "\n")
+        except OSError as err:
+            logger.warning("decision log %s: write failed (%s); logging stops", self.path,
+                           err)
+            self._file = None

@@ -126,7 +126,10 @@ def rehash(hkeys, hvals, new_keys, new_vals):
 
 @njit(cache=True, inline="always")
 def _key(parent, token):
-    return (np.int64(parent) << 32) | np.int64(token)
+    """Hash key of ``parent``'s child by ``token``: the parent in the high 32 bits, the
+    token's 32 bits below (masked, so that a negative id cannot clear the parent's bits
+    and collide with the empty key -1)."""
+    return (np.int64(parent) << 32) | (np.int64(token) & 0xFFFFFFFF)
 
 
 # --------------------------------------------------------------------------- nodes
