@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from vllm_specext.config import METHODS
+from vllm_specext.config import METHODS, SpecExtConfigError, validate_config
 from vllm_specext.engine_run import generate_in_subprocess
 
 _CODE = '''def moving_average(values, window):
@@ -78,19 +78,36 @@ def _format_row(row: dict, base: dict) -> str:
             f"tau {row['tau']:5.2f}  identical outputs: {'yes' if row['identical'] else 'NO'}")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vllm-specext demo", description=__doc__)
     ap.add_argument("--methods", default=",".join(demo_methods()),
                     help="comma-separated methods (default: every implemented one)")
-    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("-k", "--num-speculative-tokens", type=_positive_int, default=8)
+    ap.add_argument("--max-tokens", type=_positive_int, default=128)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="float32 (default) makes greedy outputs comparable bit for bit")
-    ap.add_argument("--batch-size", type=int, default=1,
+    ap.add_argument("--batch-size", type=_positive_int, default=1,
                     help="prompts per generate() call (default 1: one user at a time)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
+    if not methods:
+        ap.error("--methods: name at least one method")
+    for m in methods:  # before any engine starts
+        try:
+            validate_config({"method": m, "num_speculative_tokens": args.num_speculative_tokens})
+        except SpecExtConfigError as err:
+            ap.error(f"--methods {m}: {err}")
     print(f"vllm-specext demo: SmolLM2-135M-Instruct, {len(DEMO_CHATS)} prompts, greedy, "
           f"{args.dtype}, max_tokens={args.max_tokens}, batch size {args.batch_size}, "
           "one fresh engine per method", flush=True)
