@@ -169,6 +169,9 @@ def test_fastdeploy_spellings():
 @pytest.mark.parametrize("spec,key", [
     ({"method": "ngram", "use_builtin": "false"}, "use_builtin"),
     ({"method": "memory_decoding", "use_builtin": True}, "use_builtin"),
+    ({"method": "suffix", "use_builtin": True, "adaptive": False}, r"\['adaptive'\]"),
+    ({"method": "ngram", "use_builtin": True, "rejected_tail": 2, "prompt_lookup_min": 2},
+     r"has no key\(s\) \['rejected_tail'\]"),
 ])
 def test_use_builtin_is_validated(spec, key):
     with pytest.raises(SpecExtConfigError, match=key):

@@ -55,6 +55,8 @@ def normalise(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | No
         validate_config(spec)  # raises "did you mean ...": vLLM's check lists only its own
     if builtin or spec.get("method") not in METHODS:  # vLLM's method, maybe our verify keys
         verify = {k: spec.pop(k) for k in VerifyConfig.KEYS & set(spec)}
+        if builtin:
+            _check_builtin_keys(spec)
         return spec, (validate_verify_config(verify).model_dump() if verify else None)
     cfg = validate_config(spec)
     if cfg.method == MtpNgramConfig.METHOD:  # vLLM's own MTP drafter, extended in the worker
@@ -64,6 +66,24 @@ def normalise(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | No
     vllm_spec = {"method": "custom_class", "model": ADAPTER_CLASS,
                  "num_speculative_tokens": cfg.num_speculative_tokens}
     return vllm_spec, cfg.model_dump()
+
+
+def _check_builtin_keys(spec: dict[str, Any]) -> None:
+    """Refuse, naming them, keys of ours that vLLM's own ``ngram`` / ``suffix`` would not
+    take (e.g. ``adaptive``, ``rejected_tail``), instead of vLLM's generic pydantic error.
+    Skipped where vLLM's ``SpeculativeConfig`` fields cannot be read."""
+    try:
+        from vllm.config import SpeculativeConfig
+    except ImportError:
+        return
+    fields = (getattr(SpeculativeConfig, "__dataclass_fields__", None)
+              or getattr(SpeculativeConfig, "model_fields", None))
+    ours = sorted(set(spec) - set(fields or spec))
+    if ours:
+        raise SpecExtConfigError(
+            f"'use_builtin': true hands the config to vLLM's own {spec.get('method')!r}, "
+            f"which has no key(s) {ours}; drop them, or drop 'use_builtin' to use "
+            "vllm_specext's implementation")
 
 
 def patch_engine_args() -> None:
