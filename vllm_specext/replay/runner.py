@@ -70,7 +70,10 @@ def load_streams(path: str | Path, tokenizer_rules: Sequence[str], template_rule
         try:
             prompt, output = tokenize_record(rec, cache[spec], template)
         except ValueError as err:
-            raise ReplayError(f"{path.name}:{rec.line}: {err}") from None
+            raise ReplayError(f"{path.name}:{rec.line}: {err} (model {rec.model!r}, "
+                              f"tokenizer {spec!r} picked by the --tokenizer rules, template "
+                              f"{template!r}; a rule whose pattern is in the model name "
+                              "outranks one matching the file name)") from None
         stream = streams.setdefault(spec, Stream(path.name, cache[spec].name))
         stream.requests.append(Request(f"{path.name}:{rec.line}:{rec.id}", rec.category,
                                        prompt, output))
