@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -45,3 +46,16 @@ def test_sigterm_stops_cleanly(server):
         time.sleep(0.5)
     subprocess.run(["ps", "-o", "pid,cmd", "-g", str(proc.pid)])
     pytest.fail("processes of the server's group outlived SIGTERM by 30 s")
+
+
+def test_an_invalid_speculative_config_is_a_one_line_error():
+    """Refused in the API server process before any engine starts: status 2 and one
+    ``error:`` line naming the key and its range, no traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_specext.cli", "serve", "--speculative-config",
+         '{"method": "ngram", "prompt_lookup_min": 0}'],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert ("vllm-specext serve: error: --speculative-config: invalid speculative_config for "
+            "method 'ngram': 'prompt_lookup_min'") in proc.stderr
+    assert "allowed: int in [1, 64]" in proc.stderr and "Traceback" not in proc.stderr

@@ -38,7 +38,9 @@ def serve(argv: list[str]) -> int:
     """Run ``vllm serve`` in this process with the plugin loaded.
 
     The model argument may be omitted (or given as ``default``) to serve the default
-    model. ``VLLM_CPU_KVCACHE_SPACE`` defaults to 2 (GiB).
+    model. ``VLLM_CPU_KVCACHE_SPACE`` defaults to 2 (GiB). An invalid
+    ``--speculative-config`` for one of our methods ends it with a one-line error and
+    status 2, before any engine starts.
     """
     if not argv or argv[0].startswith("-") or argv[0] == "default":
         from vllm_specext.model import default_model_path
@@ -48,8 +50,14 @@ def serve(argv: list[str]) -> int:
     _answer_vllm_version_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main
 
+    from vllm_specext.config import SpecExtConfigError
+
     sys.argv = ["vllm", "serve", *argv]
-    vllm_main()
+    try:
+        vllm_main()
+    except SpecExtConfigError as err:
+        print(f"vllm-specext serve: error: --speculative-config: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
