@@ -1,8 +1,10 @@
 """Sum up decision logs of the adaptive rule (``VLLM_SPECEXT_DECISION_LOG``).
 
 Each drafting worker started with ``VLLM_SPECEXT_DECISION_LOG=<prefix>`` writes one line
-per engine step (:mod:`vllm_specext.integration.decision_log`). This script groups a
-log's decode steps by how many requests decoded (powers of two) and reports, per group:
+per engine step (:mod:`vllm_specext.integration.decision_log`). This script cuts a log
+into runs at its marks (the e2e benchmark marks its warm-up and each cell; the steps
+before the first mark are the engine's start-up), groups each run's decode steps by how
+many requests decoded (powers of two) and reports, per group:
 steps, steps that showed drafts (and how many of those were explorations), draft tokens
 offered and shown, accepted draft tokens (read from the next line's committed tokens),
 and the median timed plain and verified step in milliseconds.
@@ -25,6 +27,18 @@ def rows_bucket(rows: int) -> str:
     """The group of a step with ``rows`` decoding requests: ``"1"``, ``"2-3"``, ``"4-7"``…"""
     lo = 1 << (rows.bit_length() - 1)
     return str(lo) if lo == 1 else f"{lo}-{2 * lo - 1}"
+
+
+def runs(lines: list[dict]) -> list[tuple[str, list[dict]]]:
+    """``lines`` cut at their marks: ``[(label, step lines)]`` in file order, the steps
+    before the first mark labelled ``"start-up"``; runs without steps are left out."""
+    out: list[tuple[str, list[dict]]] = [("start-up", [])]
+    for line in lines:
+        if "mark" in line:
+            out.append((line["mark"], []))
+        else:
+            out[-1][1].append(line)
+    return [(label, steps) for label, steps in out if steps]
 
 
 def summarize(lines: list[dict]) -> dict[str, dict]:
@@ -100,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
             lines = read_log(path)
         except OSError as err:
             ap.error(f"cannot read {path}: {err.strerror or err}")
-        result[path] = summarize(lines)
-        print(table(Path(path).name, result[path]) + "\n")
+        result[path] = {}
+        for label, steps in runs(lines):
+            result[path][label] = summarize(steps)
+            print(table(f"{Path(path).name}: {label} ({len(steps)} steps)",
+                        result[path][label]) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

@@ -230,7 +230,8 @@ def units(workload: str, batch: int, batch1_prompts: int, max_tokens: int,
     for first in starts:
         group = chats[first:first + size]
         cell = {"chats": group, "max_tokens": max_tokens, "temperature": 0.0,
-                "batch_size": len(group) if slots else batch}
+                "batch_size": len(group) if slots else batch,
+                "label": f"{workload} batch {batch} prompts {first}-{first + size - 1}"}
         if length_spread > 0.0:
             cell["max_tokens_each"] = request_lengths(max_tokens, length_spread, first,
                                                       len(group))
@@ -364,7 +365,8 @@ def _run_group(group: list[str], configs: dict[str, dict | None], workloads: lis
     try:
         for engine in engines.values():
             engine.wait_ready(timeout)
-        warmup = {"chats": warmup_chats(batch), "max_tokens": 48, "temperature": 0.0}
+        warmup = {"chats": warmup_chats(batch), "max_tokens": 48, "temperature": 0.0,
+                  "label": "warm-up"}
         for engine in engines.values():
             engine.run(warmup, timeout)
         results: dict[tuple[str, str], list[dict]] = {}

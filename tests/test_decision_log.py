@@ -55,6 +55,24 @@ def test_a_truncated_line_is_skipped_and_a_missing_file_is_a_usage_error(tmp_pat
     assert decision_log.main([str(path)]) == 0
     out = capsys.readouterr()
     assert "log.jsonl:2: not a JSON line, skipped" in out.err and "| 4-7 | 1 |" in out.out
+    assert "log.jsonl: start-up (1 steps)" in out.out
     with pytest.raises(SystemExit) as exit_info:
         decision_log.main([str(tmp_path / "missing.jsonl")])
     assert exit_info.value.code == 2 and "cannot read" in capsys.readouterr().err
+
+
+def test_a_log_is_cut_into_runs_at_its_marks():
+    step = line(1, 1, None, 0, 0)
+    marked = [step, {"mark": "warm-up"}, step, step, {"mark": "empty"}, {"mark": "cell"}, step]
+    assert [(label, len(s)) for label, s in decision_log.runs(marked)] == [
+        ("start-up", 1), ("warm-up", 2), ("cell", 1)]
+    assert [(label, len(s)) for label, s in decision_log.runs([step] * 3)] == [("start-up", 3)]
+
+
+def test_a_mark_is_a_line_of_its_own(tmp_path):
+    log = DecisionLog(str(tmp_path / "x.jsonl"))
+    log.write(rows=1)
+    log.mark("cell A")
+    log.write(rows=2)
+    lines = [json.loads(x) for x in (tmp_path / "x.jsonl").read_text().splitlines()]
+    assert [x.get("mark", x.get("step")) for x in lines] == [1, "cell A", 2]

@@ -22,6 +22,8 @@ import time
 import traceback
 from typing import Any
 
+from vllm_specext.integration.decision_log import DECISION_LOG_ENV
+
 DEFAULT_KV_CACHE_GIB = "2"
 
 
@@ -403,6 +405,9 @@ def _serve(conn: Any, job: dict[str, Any]) -> None:
         stepped = None
         while (message := conn.recv()) is not None:
             command, arg = message
+            if command in ("run", "begin") and os.environ.get(DECISION_LOG_ENV):
+                # which cell the decision log's next steps belong to (cell["label"])
+                llm.collective_rpc("specext_mark_log", args=(arg.get("label", command),))
             if command == "run":
                 conn.send(("ok", _run_cell(llm, arg)))
             elif command == "begin":

@@ -175,6 +175,12 @@ class SpecExtProposer:
                                     for name, d in tables.items()),
                 "requests_waiting": self._waiting}
 
+    def mark_log(self, label: str) -> None:
+        """Write a mark into the decision log, if one is kept (via
+        ``collective_rpc("specext_mark_log", args=(label,))``)."""
+        if self.decision_log is not None:
+            self.decision_log.mark(label)
+
     # vLLM calls these on drafters.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No weights to load (called unconditionally by the CPU runner, after the target's

@@ -5,7 +5,9 @@ worker appends one JSON object per engine step to ``<prefix>.<method>.<pid>.json
 (one file per engine, so several engines may share a prefix). Off by default: one line
 costs a few microseconds. ``python benchmarks/decision_log.py <prefix>*.jsonl`` sums a log up.
 
-A line, written when vLLM asks for the next step's drafts:
+``collective_rpc("specext_mark_log", args=(label,))`` appends ``{"mark": label, "time":
+t}`` (the e2e benchmark marks each warm-up and cell this way). A step's line, written
+when vLLM asks for the next step's drafts:
 
 * ``step``: count of ``propose`` calls of this worker; ``time``: when the line was written
   (Unix seconds, to line up several engines' logs); ``rows``: requests that decoded
@@ -66,16 +68,23 @@ class DecisionLog:
                            DECISION_LOG_ENV, prefix, path, err)
             return None
 
+    def mark(self, label: str) -> None:
+        """Append ``{"mark": label, "time": t}``: the steps after it belong to what
+        ``label`` names (e.g. a benchmark cell); not counted as a step."""
+        self._append({"mark": str(label), "time": round(time.time(), 4)})
+
     def write(self, **fields: Any) -> None:
         """Append one line: ``{"step": n, "time": t, **fields}`` (values
         JSON-serialisable). After a failed write (disk full, file gone) it logs a warning
         once and writes nothing more; it never raises ``OSError``."""
+        self._step += 1
+        self._append({"step": self._step, "time": round(time.time(), 4), **fields})
+
+    def _append(self, record: dict[str, Any]) -> None:
         if self._file is None:
             return
-        self._step += 1
         try:
-            self._file.write(json.dumps({"step": self._step, "time": round(time.time(), 4),
-                                         **fields}) + "\n")
+            self._file.write(json.dumps(record) + "\n")
         except OSError as err:
             logger.warning("decision log %s: write failed (%s); logging stops", self.path,
                            err)

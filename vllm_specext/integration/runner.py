@@ -158,6 +158,7 @@ def patch_worker_base() -> None:
     WorkerBase.__init__ = __init__
     WorkerBase.specext_debug_state = _debug_state
     WorkerBase.specext_freeze_gc = _freeze_gc
+    WorkerBase.specext_mark_log = _mark_log
 
 
 def _debug_state(worker) -> dict | None:
@@ -166,6 +167,15 @@ def _debug_state(worker) -> dict | None:
     None without a vllm_specext drafter."""
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     return drafter.debug_state() if isinstance(drafter, SpecExtProposer) else None
+
+
+def _mark_log(worker, label: str) -> None:
+    """``collective_rpc("specext_mark_log", args=(label,))``: a mark in this worker's
+    decision log (:meth:`SpecExtProposer.mark_log`); nothing without a vllm_specext
+    drafter or a log."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    if isinstance(drafter, SpecExtProposer):
+        drafter.mark_log(label)
 
 
 def _freeze_gc(worker) -> None:
