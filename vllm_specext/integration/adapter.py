@@ -239,7 +239,8 @@ class SpecExtProposer:
             start, tokens, drafted, rows = self._step
             seconds = time.perf_counter() - start
             self.cost_model.observe(tokens, seconds, drafted, rows)
-            timed = [tokens, round(1e3 * seconds, 3), drafted]
+            if self.decision_log is not None:
+                timed = [tokens, round(1e3 * seconds, 3), drafted]
             self._step = None
         try:
             left = self._budgets_left(req_ids, num_tokens)
