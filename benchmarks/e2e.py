@@ -4,7 +4,9 @@ Configurations: ``none`` (no speculation); each implemented vllm_specext method
 (``mtp_ngram`` needs MTP weights and is left out) at k draft tokens, with its defaults
 (adaptive speculation on); vLLM's built-in ``ngram`` (``vllm_ngram``, prompt_lookup 2..5)
 and, when ``arctic_inference`` is importable, built-in ``suffix`` (``vllm_suffix``), at
-the same k. Workloads: :mod:`workloads` (code editing, summarization, extraction, open
+the same k; and, when named, ``none_aa``: a second no-speculation engine, an A/A control
+whose ratio to its group's ``none`` shows how far two identical engines read apart in
+that run. Workloads: :mod:`workloads` (code editing, summarization, extraction, open
 chat, code generation; written by the project). Greedy decoding.
 
 Configurations run in groups of ``--engines-at-once`` engines alive at the same time,
@@ -129,10 +131,16 @@ def builtin_specs(k: int) -> dict[str, dict[str, Any]]:
     return specs
 
 
+#: a second no-speculation engine, run only when named: an A/A control, whose ratio to its
+#: group's ``none`` is the benchmark's own noise in that group
+CONTROL = "none_aa"
+
+
 def configurations(names: list[str] | None, k: int) -> dict[str, dict[str, Any] | None]:
     """``{"none": None, name: speculative_config, ...}`` for the named configurations
-    (None = all of ours and the available built-ins). A name may add keys to a
-    configuration after ``/``, each ``key=value`` with a JSON value, joined by ``/``:
+    (None = all of ours and the available built-ins; :data:`CONTROL` only when named).
+    A name may add keys to a configuration after ``/``, each ``key=value`` with a JSON
+    value, joined by ``/``:
     ``suffix/adaptive_drain=false`` runs ``suffix`` with that key, beside plain ``suffix``.
 
     Raises:
@@ -142,11 +150,12 @@ def configurations(names: list[str] | None, k: int) -> dict[str, dict[str, Any] 
         m: {"method": m, "num_speculative_tokens": k} for m in our_methods()}
     available.update(builtin_specs(k))
     names = list(available) if names is None else names
-    unknown = [n for n in names if n.split("/")[0] not in available]
+    unknown = [n for n in names if n.split("/")[0] not in available and n != CONTROL]
     if unknown:
         sys.exit(f"unknown or unavailable configuration(s) {unknown}; available: "
-                 f"{', '.join(available)}")
-    return {"none": None, **{n: _with_keys(available[n.split("/")[0]], n.split("/")[1:])
+                 f"{', '.join([*available, CONTROL])}")
+    return {"none": None, **{n: None if n == CONTROL else
+                             _with_keys(available[n.split("/")[0]], n.split("/")[1:])
                              for n in names if n != "none"}}
 
 
@@ -573,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", help="comma-separated configurations besides none "
-                    "(default: every implemented method of ours, vllm_ngram, vllm_suffix)")
+                    "(default: every implemented method of ours, vllm_ngram, vllm_suffix; "
+                    "none_aa, only when named: a second none, the A/A control)")
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))

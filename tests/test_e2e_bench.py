@@ -201,3 +201,12 @@ def test_configuration_names_may_set_keys_after_a_slash(e2e):
         e2e.configurations(["suffix/adaptive_drain=yes"], 8)
     with pytest.raises(SystemExit, match="unknown"):
         e2e.configurations(["sufix/adaptive_drain=true"], 8)
+
+
+def test_the_a_a_control_is_a_second_none_run_only_when_named(e2e):
+    configs = e2e.configurations(["naive", e2e.CONTROL], 8)
+    assert configs == {"none": None, "naive": {"method": "naive", "num_speculative_tokens": 8},
+                       e2e.CONTROL: None}
+    assert e2e.CONTROL not in e2e.configurations(None, 8)
+    with pytest.raises(SystemExit, match="unknown"):
+        e2e.configurations([e2e.CONTROL + "/adaptive=false"], 8)
