@@ -939,3 +939,16 @@ def test_draining_drafts_only_for_the_requests_that_finish_last():
     drained = shown_drafts(c, m, ids, [list(d) for d in drafts], kinds, 8,
                            remaining=remaining)
     assert drained[0] and not any(drained[1:])
+
+
+def test_a_plain_price_is_capped_by_verified_steps_of_more_tokens():
+    # P(32) timed on slower steps (longer contexts) than the verified steps that follow:
+    # a plain 32-row step costs no more than a verified 40-token one, below V's first knot too
+    model = StepCostModel(margin=1.5)
+    for _ in range(3):
+        model.observe(32, 0.270, False, rows=32)
+    for tokens, seconds in ((40, 0.160), (88, 0.310)):
+        for _ in range(3):
+            model.observe(tokens, seconds, True, rows=32)
+    assert model.step_time(32) == pytest.approx(0.160)
+    assert model.threshold(32, 56) > 0.8  # uncapped: 1.5 * 32 * 3.2 ms / 270 ms = 0.57
