@@ -6,7 +6,9 @@ Configurations: ``none`` (no speculation); each implemented vllm_specext method
 and, when ``arctic_inference`` is importable, built-in ``suffix`` (``vllm_suffix``), at
 the same k; and, when named, ``none_aa``: a second no-speculation engine, an A/A control
 whose ratio to its group's ``none`` shows how far two identical engines read apart in
-that run. Workloads: :mod:`workloads` (code editing, summarization, extraction, open
+that run (``--reference none_aa`` puts it in every group; each configuration's ratio to
+the geometric mean of its group's two no-speculation engines is then printed too, a
+baseline in which one engine's own speed counts half). Workloads: :mod:`workloads` (code editing, summarization, extraction, open
 chat, code generation; written by the project). Greedy decoding.
 
 Configurations run in groups of ``--engines-at-once`` engines alive at the same time,
@@ -49,10 +51,12 @@ engine core in-process instead (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): each unit
 requests are added to every engine, then the engines take turns running S seconds of
 engine steps until all have finished, only the engines' own work being timed
 (:class:`vllm_specext.engine_run.SteppedCell`). That cancels the machine's drift (its
-speed wanders by a few percent over 5-20 s) at S = 0.3 s, but measures another regime:
-without the front-end process's per-step overhead, a step on this 2-core CPU costs
-mostly per token, and a batch whose requests finish at different steps waits for its
-slowest (see the README).
+speed wanders by a few percent over 5-20 s) at S = 0.3 s; a small S (e.g. 0.01) gives
+each engine one step per turn, as close in time as identical steps get. Each cell then
+also keeps its per-step log (seconds, output tokens, requests left; in the JSON). It
+measures another regime, though: without the front-end process's per-step overhead, a
+step on this 2-core CPU costs mostly per token, and a batch whose requests finish at
+different steps waits for its slowest (see the README).
 
 Reported per (workload, batch, configuration), medians over rounds (TPOT/TTFT: over all
 requests of all rounds): output tokens/s, its ratio to the paired ``none`` (median, min
@@ -87,6 +91,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import platform
 import statistics
@@ -249,13 +254,14 @@ def units(workload: str, batch: int, batch1_prompts: int, max_tokens: int,
 
 
 def merge(results: list[dict]) -> dict:
-    """One cell result from the results of its units (sums, concatenations; tok/s, mean
-    acceptance length and tau recomputed from the sums)."""
+    """One cell result from the results of its units (sums, concatenations, e.g. the
+    units' step logs one after another; tok/s, mean acceptance length and tau recomputed
+    from the sums)."""
     out = {key: sum(r[key] for r in results) for key in
            ("seconds", "output_tokens", "num_drafts", "num_draft_tokens",
             "num_accepted_tokens", "steps")}
-    for key in ("token_ids", "ttft_s", "tpot_s"):
-        out[key] = [x for r in results for x in r[key]]
+    for key in ("token_ids", "ttft_s", "tpot_s", "step_log"):
+        out[key] = [x for r in results for x in r.get(key, [])]
     if all("queued_seconds" in r for r in results):  # time-sliced cells
         for key in ("queued_seconds", "queued_tokens"):
             out[key] = sum(r[key] for r in results)
@@ -429,15 +435,21 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
     """One row per (workload, batch, config), configs in the order of ``configs`` (None:
     as they appear in ``runs``): medians over rounds (and groups, for ``none`` and a
     reference) of the ratios paired with the ``none`` engine of the same round and group
-    (``speedup``) and with the reference's engine there (``vs_reference``, None without
-    one), identity of greedy outputs against that ``none``."""
+    (``speedup``), with the reference's engine there (``vs_reference``, None without
+    one) and, where the group ran the A/A control (:data:`CONTROL`), with the geometric
+    mean of its two no-speculation engines (``vs_both_nones``: each engine's own speed
+    enters that baseline at half weight), identity of greedy outputs against that
+    ``none``."""
     seen = list(dict.fromkeys([*(configs or []), *(r["config"] for r in runs)]))
     order = ["none"] + [c for c in seen if c != "none"]
     keys = sorted({(r["workload"], r["batch"], r["config"]) for r in runs},
                   key=lambda t: (list(WORKLOADS).index(t[0]), t[1], order.index(t[2])))
+    control = {_group_key(r): r["tokens_per_s"] for r in runs if r["config"] == CONTROL}
     rows = []
     for w, b, c in keys:
         mine = [r for r in runs if (r["workload"], r["batch"], r["config"]) == (w, b, c)]
+        both = [r["tokens_per_s"] / math.sqrt(r["base_tokens_per_s"] * aa) for r in mine
+                if r["base_tokens_per_s"] and (aa := control.get(_group_key(r)))]
         ttft = [t for r in mine for t in r["ttft_s"]]
         speedups = [r["tokens_per_s"] / r["base_tokens_per_s"] for r in mine
                     if r["base_tokens_per_s"]]
@@ -456,6 +468,7 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
             "speedup_min": min(speedups, default=None),
             "speedup_max": max(speedups, default=None),
             "vs_reference": _median(vs_ref),
+            "vs_both_nones": _median(both),
             "queued_speedup": _median(queued),
             "tpot_ms": _ms(_median([t for r in mine for t in r["tpot_s"]])),
             "ttft_ms": _ms(_median(ttft)),
@@ -468,6 +481,11 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
             "compared": sum(len(r["token_ids"]) for r in mine),
         })
     return rows
+
+
+def _group_key(run: dict) -> tuple:
+    """The (round, batch, workload, group) a run was measured in."""
+    return run["round"], run["batch"], run["workload"], tuple(run["group"])
 
 
 def _ttft_ratios(run: dict) -> list[float]:
@@ -492,7 +510,8 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def speedup_table(rows: list[dict], key: str = "speedup") -> str:
     """Markdown: tok/s ratio to no speculation (``key="vs_reference"``: to the reference
-    configuration), rows workload x batch, columns configs."""
+    configuration; ``"vs_both_nones"``: to both no-speculation engines, see
+    :func:`summarize`), rows workload x batch, columns configs."""
     configs = [c for c in dict.fromkeys(r["config"] for r in rows) if c != "none"]
     by = {(r["workload"], r["batch"], r["config"]): r for r in rows}
     cells = sorted({(r["workload"], r["batch"]) for r in rows},
@@ -685,6 +704,10 @@ def main(argv: list[str] | None = None) -> int:
     if reference:
         print(f"\nOutput tok/s relative to {reference} on the same engines' time:\n\n"
               f"{speedup_table(rows, 'vs_reference')}")
+    if any(r["vs_both_nones"] is not None for r in rows):
+        print(f"\nOutput tok/s relative to both no-speculation engines (the geometric mean of "
+              f"`none` and `{CONTROL}` in the same group):\n\n"
+              f"{speedup_table(rows, 'vs_both_nones')}")
     if args.slots and args.slices:
         print("\nOutput tok/s relative to no speculation while requests still queued (the "
               "steps before every request of a cell had its first token; `none tok/s` is "

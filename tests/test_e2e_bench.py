@@ -84,6 +84,10 @@ def test_merge_recomputes_rates_from_sums(e2e):
     assert out["mean_acceptance_length"] == 1 + 16 / 8
     assert out["tau"] == 40 / 20  # from the steps, not from the accepted tokens
     assert len(out["token_ids"]) == 2 and out["ttft_s"] == [0.1, 0.1]
+    steps = [{**_result(1.0, 2), "step_log": [[0.6, 1, 1], [0.4, 1, 0]]},
+             {**_result(0.5, 1), "step_log": [[0.5, 1, 0]]}]
+    assert e2e.merge(steps)["step_log"] == [[0.6, 1, 1], [0.4, 1, 0], [0.5, 1, 0]]
+    assert e2e.merge([_result(1.0, 10)])["step_log"] == []  # wall-clock cells log no steps
 
 
 def test_queued_throughput_is_summed_over_units_and_paired_with_nones(e2e):
@@ -210,3 +214,23 @@ def test_the_a_a_control_is_a_second_none_run_only_when_named(e2e):
     assert e2e.CONTROL not in e2e.configurations(None, 8)
     with pytest.raises(SystemExit, match="unknown"):
         e2e.configurations([e2e.CONTROL + "/adaptive=false"], 8)
+
+
+def test_with_the_control_each_ratio_is_also_paired_with_both_nones(e2e):
+    def run(rnd, config, group, tps, base):
+        return {"round": rnd, "batch": 32, "workload": "open_chat", "config": config,
+                "group": group, "tokens_per_s": tps, "base_tokens_per_s": base,
+                "ttft_s": [], "base_ttft_s": [], "tpot_s": [], "tau": 1.0,
+                "mean_acceptance_length": 1.0, "num_draft_tokens": 0,
+                "num_accepted_tokens": 0, "token_ids": [], "base_token_ids": []}
+
+    with_aa, without = ["none", e2e.CONTROL, "a"], ["none", "b"]
+    runs = [run(0, "none", with_aa, 100, 100), run(0, e2e.CONTROL, with_aa, 81, 100),
+            run(0, "a", with_aa, 90, 100), run(0, "none", without, 50, 50),
+            run(0, "b", without, 49, 50)]
+    rows = {r["config"]: r for r in e2e.summarize(runs)}
+    assert rows["a"]["speedup"] == pytest.approx(0.9)
+    assert rows["a"]["vs_both_nones"] == pytest.approx(1.0)  # 90 / sqrt(100 * 81)
+    assert rows[e2e.CONTROL]["vs_both_nones"] == pytest.approx(0.9)  # sqrt(81 / 100)
+    assert rows["b"]["vs_both_nones"] is None  # its group ran no control
+    assert "1.00×" in e2e.speedup_table(list(rows.values()), "vs_both_nones")

@@ -43,6 +43,10 @@ def test_stepped_cell_matches_whole_cell():
     # both requests start at once: only the prefill step ran while one waited
     assert 0 < stepped["queued_seconds"] < stepped["seconds"]
     assert stepped["queued_tokens"] == 2
+    log = stepped["step_log"]  # [seconds, output tokens, unfinished requests] per step
+    assert sum(step[1] for step in log) == stepped["output_tokens"]
+    assert sum(step[0] for step in log) <= stepped["seconds"]
+    assert log[-1][2] == 0 and all(step[2] in (1, 2) for step in log[:-1])
     assert stepped["num_draft_tokens"] > 0
     for cell in (whole_each, stepped_each):
         assert [len(t) for t in cell["token_ids"]] == [5, 11]

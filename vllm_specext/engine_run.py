@@ -205,7 +205,9 @@ class SteppedCell:
     tokens of the steps that ran while some request of the cell still waited for its
     first token. With more requests than running slots (``max_num_seqs``) that is the
     part of the cell in which a freed slot takes a waiting request, as in a server with
-    a steady queue; in a closed batch it is only the prefill.
+    a steady queue; in a closed batch it is only the prefill. And ``step_log``: one
+    ``[seconds, output tokens, requests unfinished after it]`` per engine step, in order,
+    so that engines that ran a cell on the same schedule can be compared step by step.
 
     Args:
         llm: a ``vllm.LLM`` made by :func:`start_engine` with ``job["in_process"]`` true.
@@ -235,6 +237,7 @@ class SteppedCell:
         self._last: dict[str, float] = {}
         self._queued_seconds = 0.0  # engine time and output tokens of the steps run
         self._queued_tokens = 0  # while a request still waited for its first token
+        self._steps: list[tuple[float, int, int]] = []  # see step_log
         start = time.perf_counter()
         for rid, prompt, p in zip(self._ids, prompts, params):
             llm.llm_engine.add_request(rid, prompt, p)
@@ -266,6 +269,7 @@ class SteppedCell:
                 self._tokens[out.request_id].extend(new.token_ids)
                 self._texts[out.request_id].append(new.text)
                 new_tokens += len(new.token_ids)
+            self._steps.append((took, new_tokens, engine.get_num_unfinished_requests()))
             if queued:
                 self._queued_seconds += took
                 self._queued_tokens += new_tokens
@@ -281,7 +285,7 @@ class SteppedCell:
                               [self._first[r] for r in self._ids if r in self._first], tpot,
                               self._before, self._llm.get_metrics())
         return {**result, "queued_seconds": self._queued_seconds,
-                "queued_tokens": self._queued_tokens}
+                "queued_tokens": self._queued_tokens, "step_log": self._steps}
 
 
 def run_json_child(args: list[str], job: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
