@@ -6,11 +6,13 @@ requests, so a configuration that drafts nothing runs ``none``'s schedule step f
 and a drafter runs it until its drafts change which requests are left. This script splits
 each cell's time against its group's ``none`` into:
 
-* the first step (at batch B > 1 the whole batch's prefill, a single step that no
-  interleaving spreads out: 20-27% of a batch-32 cell on the project's CPU VMs),
+* the first step (at batch B > 1 the batch's prefill or its first chunk: a single step
+  that no interleaving spreads out, 17-28% of a batch-32 open-chat or code-generation
+  cell on the project's CPU VMs),
 * the *aligned* later steps: those at the same place in both logs with the same output
   tokens and requests left, so the same work (what a configuration's own step costs,
-  whatever it saves in steps), with the number of such steps among those of ``none``,
+  whatever it saves in steps; a step whose drafts were all rejected counts, with what
+  verifying them cost), with the number of such steps among those of ``none``,
 * the whole cell (the benchmark's tok/s ratio).
 
 Reads one or more e2e JSON files (``--out`` of ``e2e.py``; each file's runs are paired
