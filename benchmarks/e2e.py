@@ -444,12 +444,12 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
     order = ["none"] + [c for c in seen if c != "none"]
     keys = sorted({(r["workload"], r["batch"], r["config"]) for r in runs},
                   key=lambda t: (list(WORKLOADS).index(t[0]), t[1], order.index(t[2])))
-    control = {_group_key(r): r["tokens_per_s"] for r in runs if r["config"] == CONTROL}
+    control = {group_key(r): r["tokens_per_s"] for r in runs if r["config"] == CONTROL}
     rows = []
     for w, b, c in keys:
         mine = [r for r in runs if (r["workload"], r["batch"], r["config"]) == (w, b, c)]
         both = [r["tokens_per_s"] / math.sqrt(r["base_tokens_per_s"] * aa) for r in mine
-                if r["base_tokens_per_s"] and (aa := control.get(_group_key(r)))]
+                if r["base_tokens_per_s"] and (aa := control.get(group_key(r)))]
         ttft = [t for r in mine for t in r["ttft_s"]]
         speedups = [r["tokens_per_s"] / r["base_tokens_per_s"] for r in mine
                     if r["base_tokens_per_s"]]
@@ -483,8 +483,9 @@ def summarize(runs: list[dict], configs: list[str] | None = None) -> list[dict]:
     return rows
 
 
-def _group_key(run: dict) -> tuple:
-    """The (round, batch, workload, group) a run was measured in."""
+def group_key(run: dict) -> tuple:
+    """The (round, batch, workload, group) a run was measured in: runs with the same key
+    ran the same requests on engines alive at the same time."""
     return run["round"], run["batch"], run["workload"], tuple(run["group"])
 
 

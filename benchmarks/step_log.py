@@ -30,6 +30,8 @@ import json
 import sys
 from pathlib import Path
 
+from e2e import group_key
+
 
 def aligned_steps(log: list[list[float]], base: list[list[float]]) -> list[int]:
     """Indices ``i >= 1`` at which ``log`` and ``base`` (``[seconds, output tokens,
@@ -44,13 +46,10 @@ def compare(runs: list[dict], batch: int | None = None) -> list[dict]:
     ``none``'s), ``aligned``/``none_steps`` (aligned steps, ``none``'s steps after the
     first), ``aligned_ratio`` (seconds over those steps, over ``none``'s; None without
     any) and ``cell_ratio`` (tok/s over ``none``'s)."""
-    def key(r: dict) -> tuple:
-        return r["round"], r["batch"], r["workload"], tuple(r["group"])
-
-    nones = {key(r): r for r in runs if r["config"] == "none" and r.get("step_log")}
+    nones = {group_key(r): r for r in runs if r["config"] == "none" and r.get("step_log")}
     rows = []
     for r in runs:
-        base = nones.get(key(r))
+        base = nones.get(group_key(r))
         if (r["config"] == "none" or base is None or not r.get("step_log")
                 or (batch is not None and r["batch"] != batch)):
             continue
