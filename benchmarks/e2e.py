@@ -8,8 +8,9 @@ the same k; and, when named, ``none_aa``: a second no-speculation engine, an A/A
 whose ratio to its group's ``none`` shows how far two identical engines read apart in
 that run (``--reference none_aa`` puts it in every group; each configuration's ratio to
 the geometric mean of its group's two no-speculation engines is then printed too, a
-baseline in which one engine's own speed counts half). Workloads: :mod:`workloads` (code editing, summarization, extraction, open
-chat, code generation; written by the project). Greedy decoding.
+baseline in which one engine's own speed counts half). Workloads: :mod:`workloads`
+(code editing, summarization, extraction, open chat, code generation; written by the
+project). Greedy decoding.
 
 Configurations run in groups of ``--engines-at-once`` engines alive at the same time,
 each group ``none`` plus up to N-1 others, fresh engines per (round, batch size, group):
