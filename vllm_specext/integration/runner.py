@@ -7,12 +7,12 @@ Ascend runners subclass).
   bugs (:mod:`vllm_specext.integration.cpu_fixes`).
 * ``_update_states``: tell the drafter which requests finished, before vLLM drops them,
   and start timing the step (the adaptive cost model).
-* ``_prepare_inputs``: a step in which no request carries draft tokens runs vLLM's plain
-  sampling path (no spec-decode metadata, no rejection sampler), as vLLM itself did before
-  0.11; with adaptive speculation most steps of a busy batch draft nothing, and the
-  speculative bookkeeping of such a step cost 2-4% of its time on CPU. Only for our
-  model-free drafter on attention-only models (recurrent backends read the speculative
-  metadata of zero-draft steps).
+* ``_prepare_inputs``: a step in which no request carries draft tokens is prepared as
+  without speculation and runs vLLM's plain sampling path (no spec-decode metadata, no
+  rejection sampler), as vLLM itself did before 0.11; with adaptive speculation most
+  steps of a busy batch draft nothing, and the speculative bookkeeping of such a step
+  cost 2-4% of its time on CPU. Only for our model-free drafter on attention-only models
+  (recurrent backends read the speculative metadata of zero-draft steps).
 * ``sample_tokens``: the step's drafts ride on the returned model output, so the engine
   core needs no second call to fetch them (:mod:`vllm_specext.integration.draft_handoff`).
 
@@ -75,11 +75,17 @@ def _plain_steps_ok(runner) -> bool:
 
 
 def _without_undrafted_metadata(prepare_inputs):
-    """Wrap ``_prepare_inputs``: drop the spec-decode metadata of a step with no drafts.
+    """Wrap ``_prepare_inputs``: prepare a step with no drafts as vLLM does without
+    speculation.
 
-    The metadata is found by type in the returned tuple, so the wrapper does not depend on
-    the tuple's layout (``(logits_indices, spec_decode_metadata, max_num_sampled_tokens)``
-    in vLLM 0.32); anything else is returned unchanged.
+    vLLM 0.32 builds spec-decode metadata for every step once a speculative config is set,
+    drafts or not (0.2-0.8 ms a batch-32 step on CPU, with the rejection sampler it
+    selects); for such a step the runner's ``speculative_config`` is hidden during the call,
+    so vLLM takes its plain branch (logits at each request's last token). Metadata built
+    anyway (a vLLM that reads the config elsewhere) is dropped from the result: it is found
+    by type in the returned tuple, so the wrapper does not depend on the tuple's layout
+    (``(logits_indices, spec_decode_metadata, max_num_sampled_tokens)`` in vLLM 0.32);
+    anything else is returned unchanged.
     """
     try:
         from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
@@ -88,10 +94,18 @@ def _without_undrafted_metadata(prepare_inputs):
 
     @functools.wraps(prepare_inputs)
     def _prepare_inputs(self, scheduler_output, *args, **kwargs):
-        out = prepare_inputs(self, scheduler_output, *args, **kwargs)
         if (getattr(scheduler_output, "scheduled_spec_decode_tokens", True)
-                or not getattr(self, "_specext_plain_steps", False)
-                or not isinstance(out, tuple)):
+                or not getattr(self, "_specext_plain_steps", False)):
+            return prepare_inputs(self, scheduler_output, *args, **kwargs)
+        config = vars(self).get("speculative_config")
+        if config is not None:
+            self.speculative_config = None
+        try:
+            out = prepare_inputs(self, scheduler_output, *args, **kwargs)
+        finally:
+            if config is not None:
+                self.speculative_config = config
+        if not isinstance(out, tuple):
             return out
         return tuple(None if isinstance(x, SpecDecodeMetadata) else x for x in out)
 
