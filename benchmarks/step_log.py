@@ -18,10 +18,17 @@ each cell's time against its group's ``none`` into:
 Reads one or more e2e JSON files (``--out`` of ``e2e.py``; each file's runs are paired
 among themselves) and prints a markdown table; ``--batch`` keeps one batch size.
 
+``--phases`` (runs made with ``e2e.py --phase-times``) prints instead, per run, what its
+aligned steps took more than ``none``'s, in ms per step, phase by phase
+(:mod:`vllm_specext.phase_times`): the model's forward pass, which on an undrafted step
+does the same work in both engines (its difference is the machine's noise), and the rest
+of the step (input preparation, sampling, the drafter's ``propose``, the engine's own
+work), which is what the speculative path costs.
+
 Usage::
 
-    python benchmarks/e2e.py --batch-sizes 32 --slices 0.01 ... --out /tmp/e2e.json
-    python benchmarks/step_log.py /tmp/e2e.json [--batch 32]
+    python benchmarks/e2e.py --batch-sizes 32 --slices 0.01 [--phase-times] ... --out /tmp/e2e.json
+    python benchmarks/step_log.py /tmp/e2e.json [--batch 32] [--phases]
 """
 from __future__ import annotations
 
@@ -35,9 +42,10 @@ from e2e import group_key
 
 def aligned_steps(log: list[list[float]], base: list[list[float]]) -> list[int]:
     """Indices ``i >= 1`` at which ``log`` and ``base`` (``[seconds, output tokens,
-    requests left]`` per step) record the same output tokens and requests left."""
+    requests left, (phase seconds)]`` per step) record the same output tokens and
+    requests left."""
     return [i for i in range(1, min(len(log), len(base)))
-            if log[i][1:] == base[i][1:]]
+            if log[i][1:3] == base[i][1:3]]
 
 
 def compare(runs: list[dict], batch: int | None = None) -> list[dict]:
@@ -65,6 +73,58 @@ def compare(runs: list[dict], batch: int | None = None) -> list[dict]:
     return rows
 
 
+#: columns of the --phases table: (heading, seconds of one step-log entry)
+PHASE_COLUMNS = (
+    ("step", lambda e: e[0]),
+    ("forward", lambda e: e[3].get("_model_forward", 0.0)),
+    ("rest of step", lambda e: e[0] - e[3].get("_model_forward", 0.0)),
+    ("prepare inputs", lambda e: e[3].get("_prepare_inputs", 0.0)),
+    ("sampling", lambda e: e[3].get("sample_tokens", 0.0) - e[3].get("propose", 0.0)),
+    ("propose", lambda e: e[3].get("propose", 0.0)),
+)
+
+
+def phase_deltas(runs: list[dict], batch: int | None = None) -> list[dict]:
+    """One row per run whose step log has phase times and a ``none`` with them in its
+    group: ``aligned`` steps (:func:`aligned_steps`), ``none_ms`` (``none``'s mean step
+    over them, ms) and ``deltas``: ``{column of PHASE_COLUMNS: mean ms per aligned step
+    over none's}``."""
+    nones = {group_key(r): r for r in runs if r["config"] == "none" and r.get("step_log")}
+    rows = []
+    for r in runs:
+        base = nones.get(group_key(r))
+        if (r["config"] == "none" or base is None or not r.get("step_log")
+                or (batch is not None and r["batch"] != batch)):
+            continue
+        log, ref = r["step_log"], base["step_log"]
+        same = [i for i in aligned_steps(log, ref) if len(log[i]) > 3 and len(ref[i]) > 3]
+        if not same:
+            continue
+        rows.append({
+            "round": r["round"], "batch": r["batch"], "workload": r["workload"],
+            "config": r["config"], "aligned": len(same),
+            "none_ms": 1e3 * sum(ref[i][0] for i in same) / len(same),
+            "deltas": {name: 1e3 * sum(f(log[i]) - f(ref[i]) for i in same) / len(same)
+                       for name, f in PHASE_COLUMNS}})
+    return rows
+
+
+def phase_table(rows: list[dict]) -> str:
+    """Markdown: one line per row of :func:`phase_deltas`, ms per aligned step over
+    ``none``'s (and the rest of the step as a share of ``none``'s step)."""
+    names = [name for name, _ in PHASE_COLUMNS]
+    lines = ["| round | batch | workload | config | aligned steps | none step ms | "
+             + " | ".join(f"{n} +ms" for n in names) + " | rest × none step |",
+             "|---:|---:|---|---|---:|---:|" + "---:|" * (len(names) + 1)]
+    for r in sorted(rows, key=lambda r: (r["batch"], r["workload"], r["config"], r["round"])):
+        d = r["deltas"]
+        lines.append(f"| {r['round']} | {r['batch']} | {r['workload']} | {r['config']} | "
+                     f"{r['aligned']} | {r['none_ms']:.1f} | "
+                     + " | ".join(f"{d[n]:+.2f}" for n in names)
+                     + f" | {d['rest of step'] / r['none_ms']:+.2%} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     """Markdown: one line per row of :func:`compare`, times as ratios to ``none``."""
     lines = ["| round | batch | workload | config | first step × none | aligned steps | "
@@ -82,13 +142,17 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path, nargs="+", help="e2e.py JSON files")
     ap.add_argument("--batch", type=int, help="only this batch size")
+    ap.add_argument("--phases", action="store_true",
+                    help="aligned steps' phases over none's (runs of e2e.py --phase-times)")
     args = ap.parse_args(argv)
+    pair, show, need = ((phase_deltas, phase_table, "--slices --phase-times") if args.phases
+                        else (compare, table, "--slices"))
     rows = [row for path in args.results  # each file's runs paired among themselves
-            for row in compare(json.loads(path.read_text())["runs"], args.batch)]
+            for row in pair(json.loads(path.read_text())["runs"], args.batch)]
     if not rows:
-        print("no step logs: run e2e.py with --slices", file=sys.stderr)
+        print(f"no step logs: run e2e.py with {need}", file=sys.stderr)
         return 1
-    print(table(rows))
+    print(show(rows))
     return 0
 
 

@@ -28,7 +28,8 @@ def test_stepped_cell_matches_whole_cell():
         slices = 1
         while (stepped := engine.advance(0.001)) is None:  # 0.001 s: one step per slice
             slices += 1
-        each = {**CELL, "max_tokens_each": [5, 11]}  # one max_tokens per prompt
+        # one max_tokens per prompt; phase times in the step log (a whole run ignores them)
+        each = {**CELL, "max_tokens_each": [5, 11], "phase_times": True}
         whole_each = engine.run(each)
         engine.begin(each)
         while (stepped_each := engine.advance(1.0)) is None:
@@ -48,6 +49,10 @@ def test_stepped_cell_matches_whole_cell():
     assert sum(step[0] for step in log) <= stepped["seconds"]
     assert log[-1][2] == 0 and all(step[2] in (1, 2) for step in log[:-1])
     assert stepped["num_draft_tokens"] > 0
+    assert all(len(step) == 3 for step in log)  # no phase times unless asked
+    for seconds, _, _, phases in stepped_each["step_log"]:
+        assert 0 < phases["_model_forward"] <= phases["execute_model"] <= seconds
+        assert 0 < phases["propose"] <= phases["sample_tokens"] <= seconds
     for cell in (whole_each, stepped_each):
         assert [len(t) for t in cell["token_ids"]] == [5, 11]
         assert [t[:5] for t in cell["token_ids"]] == [t[:5] for t in whole["token_ids"]]

@@ -59,3 +59,37 @@ def test_the_script_reads_e2e_json_and_says_when_nothing_was_logged(step_log, tm
     path.write_text(json.dumps({"runs": [_run("naive", [], 50.0)]}))
     assert step_log.main([str(path)]) == 1
     assert "--slices" in capsys.readouterr().err
+
+
+def _phased(seconds, forward, prepare, sample, propose=None):
+    phases = {"_model_forward": forward, "_prepare_inputs": prepare, "sample_tokens": sample}
+    return phases if propose is None else {**phases, "propose": propose}
+
+
+def test_phases_split_the_aligned_steps_into_forward_and_the_rest(step_log, tmp_path,
+                                                                  capsys):
+    none = [[2.0, 32, 32, _phased(2.0, 1.9, 0.01, 0.02)],
+            [0.100, 32, 32, _phased(0.100, 0.090, 0.001, 0.002)],
+            [0.100, 32, 0, _phased(0.100, 0.090, 0.001, 0.002)]]
+    naive = [[2.1, 32, 32, _phased(2.1, 2.0, 0.01, 0.02, 0.001)],
+             [0.104, 32, 32, _phased(0.104, 0.093, 0.001, 0.0025, 0.0004)],
+             [0.102, 32, 0, _phased(0.102, 0.091, 0.001, 0.0025, 0.0004)]]
+    runs = [_run("none", none, 50.0), _run("naive", naive, 49.0),
+            _run("suffix", NONE_LOG, 50.0)]  # a step log without phases
+    (row,) = step_log.phase_deltas(runs)
+    assert (row["config"], row["aligned"]) == ("naive", 2)
+    assert row["none_ms"] == pytest.approx(100.0)
+    d = row["deltas"]  # ms per aligned step over none's
+    assert d["step"] == pytest.approx(3.0) and d["forward"] == pytest.approx(2.0)
+    assert d["rest of step"] == pytest.approx(1.0)
+    assert d["propose"] == pytest.approx(0.4) and d["sampling"] == pytest.approx(0.1)
+    assert d["prepare inputs"] == pytest.approx(0.0)
+    assert "| +3.00 | +2.00 | +1.00 | +0.00 | +0.10 | +0.40 | +1.00% |" in step_log.phase_table([row])
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps({"runs": runs}))
+    assert step_log.main([str(path), "--phases"]) == 0
+    assert "| 0 | 32 | open_chat | naive | 2 | 100.0 |" in capsys.readouterr().out
+    path.write_text(json.dumps({"runs": [_run("none", NONE_LOG, 50.0),
+                                         _run("naive", NONE_LOG, 50.0)]}))
+    assert step_log.main([str(path), "--phases"]) == 1
+    assert "--phase-times" in capsys.readouterr().err

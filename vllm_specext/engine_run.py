@@ -23,6 +23,7 @@ import traceback
 from typing import Any
 
 from vllm_specext.integration.decision_log import DECISION_LOG_ENV
+from vllm_specext.phase_times import time_phases
 
 DEFAULT_KV_CACHE_GIB = "2"
 
@@ -207,7 +208,9 @@ class SteppedCell:
     part of the cell in which a freed slot takes a waiting request, as in a server with
     a steady queue; in a closed batch it is only the prefill. And ``step_log``: one
     ``[seconds, output tokens, requests unfinished after it]`` per engine step, in order,
-    so that engines that ran a cell on the same schedule can be compared step by step.
+    so that engines that ran a cell on the same schedule can be compared step by step;
+    with ``cell["phase_times"]`` true each entry has a fourth item, the step's seconds per
+    model-runner phase (:func:`~vllm_specext.phase_times.time_phases`).
 
     Args:
         llm: a ``vllm.LLM`` made by :func:`start_engine` with ``job["in_process"]`` true.
@@ -237,7 +240,8 @@ class SteppedCell:
         self._last: dict[str, float] = {}
         self._queued_seconds = 0.0  # engine time and output tokens of the steps run
         self._queued_tokens = 0  # while a request still waited for its first token
-        self._steps: list[tuple[float, int, int]] = []  # see step_log
+        self._steps: list[tuple] = []  # see step_log
+        self._phases = time_phases(llm) if cell.get("phase_times") else None
         start = time.perf_counter()
         for rid, prompt, p in zip(self._ids, prompts, params):
             llm.llm_engine.add_request(rid, prompt, p)
@@ -253,6 +257,8 @@ class SteppedCell:
         spent = 0.0
         while engine.has_unfinished_requests() and (spent == 0.0 or spent < seconds):
             queued = len(self._first) < len(self._ids)
+            if self._phases is not None:
+                self._phases.clear()
             start = time.perf_counter()
             outputs = engine.step()
             took = time.perf_counter() - start
@@ -269,7 +275,8 @@ class SteppedCell:
                 self._tokens[out.request_id].extend(new.token_ids)
                 self._texts[out.request_id].append(new.text)
                 new_tokens += len(new.token_ids)
-            self._steps.append((took, new_tokens, engine.get_num_unfinished_requests()))
+            step = (took, new_tokens, engine.get_num_unfinished_requests())
+            self._steps.append(step if self._phases is None else (*step, dict(self._phases)))
             if queued:
                 self._queued_seconds += took
                 self._queued_tokens += new_tokens
