@@ -19,11 +19,13 @@ Reads one or more e2e JSON files (``--out`` of ``e2e.py``; each file's runs are 
 among themselves) and prints a markdown table; ``--batch`` keeps one batch size.
 
 ``--phases`` (runs made with ``e2e.py --phase-times``) prints instead, per run, what its
-aligned steps took more than ``none``'s, in ms per step, phase by phase
-(:mod:`vllm_specext.phase_times`): the model's forward pass, which on an undrafted step
-does the same work in both engines (its difference is the machine's noise), and the rest
-of the step (input preparation, sampling, the drafter's ``propose``, the engine's own
-work), which is what the speculative path costs.
+aligned steps that verified no draft (in either engine) took more than ``none``'s, in ms
+per step, phase by phase (:mod:`vllm_specext.phase_times`): the model (forward pass and
+output projection), which does the same work in both engines on such a step (its
+difference is the machine's noise), and the rest of the step (state updates, input
+preparation, sampling, the drafter's ``propose``, the engine's own work), which is what
+the speculative path costs a step that drafts nothing. Steps that verified drafts are
+left to the cell ratio: what they cost is what the adaptive rule chose to pay.
 
 Usage::
 
@@ -73,11 +75,16 @@ def compare(runs: list[dict], batch: int | None = None) -> list[dict]:
     return rows
 
 
+def _model(entry: list) -> float:
+    """Seconds of one step-log entry's model work: forward pass and output projection."""
+    return entry[3].get("_model_forward", 0.0) + entry[3].get("compute_logits", 0.0)
+
+
 #: columns of the --phases table: (heading, seconds of one step-log entry)
 PHASE_COLUMNS = (
     ("step", lambda e: e[0]),
-    ("forward", lambda e: e[3].get("_model_forward", 0.0)),
-    ("rest of step", lambda e: e[0] - e[3].get("_model_forward", 0.0)),
+    ("model", _model),
+    ("rest of step", lambda e: e[0] - _model(e)),
     ("prepare inputs", lambda e: e[3].get("_prepare_inputs", 0.0)),
     ("sampling", lambda e: e[3].get("sample_tokens", 0.0) - e[3].get("propose", 0.0)),
     ("propose", lambda e: e[3].get("propose", 0.0)),
@@ -86,9 +93,9 @@ PHASE_COLUMNS = (
 
 def phase_deltas(runs: list[dict], batch: int | None = None) -> list[dict]:
     """One row per run whose step log has phase times and a ``none`` with them in its
-    group: ``aligned`` steps (:func:`aligned_steps`), ``none_ms`` (``none``'s mean step
-    over them, ms) and ``deltas``: ``{column of PHASE_COLUMNS: mean ms per aligned step
-    over none's}``."""
+    group: ``aligned`` steps (:func:`aligned_steps` at which neither engine verified a
+    draft), ``none_ms`` (``none``'s mean step over them, ms) and ``deltas``: ``{column of
+    PHASE_COLUMNS: mean ms per such step over none's}``."""
     nones = {group_key(r): r for r in runs if r["config"] == "none" and r.get("step_log")}
     rows = []
     for r in runs:
@@ -97,7 +104,8 @@ def phase_deltas(runs: list[dict], batch: int | None = None) -> list[dict]:
                 or (batch is not None and r["batch"] != batch)):
             continue
         log, ref = r["step_log"], base["step_log"]
-        same = [i for i in aligned_steps(log, ref) if len(log[i]) > 3 and len(ref[i]) > 3]
+        same = [i for i in aligned_steps(log, ref) if len(log[i]) > 3 and len(ref[i]) > 3
+                and not log[i][3].get("draft_tokens") and not ref[i][3].get("draft_tokens")]
         if not same:
             continue
         rows.append({
@@ -110,10 +118,10 @@ def phase_deltas(runs: list[dict], batch: int | None = None) -> list[dict]:
 
 
 def phase_table(rows: list[dict]) -> str:
-    """Markdown: one line per row of :func:`phase_deltas`, ms per aligned step over
-    ``none``'s (and the rest of the step as a share of ``none``'s step)."""
+    """Markdown: one line per row of :func:`phase_deltas`, ms per undrafted aligned step
+    over ``none``'s (and the rest of the step as a share of ``none``'s step)."""
     names = [name for name, _ in PHASE_COLUMNS]
-    lines = ["| round | batch | workload | config | aligned steps | none step ms | "
+    lines = ["| round | batch | workload | config | undrafted aligned steps | none step ms | "
              + " | ".join(f"{n} +ms" for n in names) + " | rest × none step |",
              "|---:|---:|---|---|---:|---:|" + "---:|" * (len(names) + 1)]
     for r in sorted(rows, key=lambda r: (r["batch"], r["workload"], r["config"], r["round"])):

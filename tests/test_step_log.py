@@ -61,26 +61,29 @@ def test_the_script_reads_e2e_json_and_says_when_nothing_was_logged(step_log, tm
     assert "--slices" in capsys.readouterr().err
 
 
-def _phased(seconds, forward, prepare, sample, propose=None):
-    phases = {"_model_forward": forward, "_prepare_inputs": prepare, "sample_tokens": sample}
+def _phased(forward, prepare, sample, propose=None, drafts=0):
+    phases = {"_model_forward": forward, "compute_logits": 0.001, "_prepare_inputs": prepare,
+              "sample_tokens": sample, "draft_tokens": drafts}
     return phases if propose is None else {**phases, "propose": propose}
 
 
-def test_phases_split_the_aligned_steps_into_forward_and_the_rest(step_log, tmp_path,
-                                                                  capsys):
-    none = [[2.0, 32, 32, _phased(2.0, 1.9, 0.01, 0.02)],
-            [0.100, 32, 32, _phased(0.100, 0.090, 0.001, 0.002)],
-            [0.100, 32, 0, _phased(0.100, 0.090, 0.001, 0.002)]]
-    naive = [[2.1, 32, 32, _phased(2.1, 2.0, 0.01, 0.02, 0.001)],
-             [0.104, 32, 32, _phased(0.104, 0.093, 0.001, 0.0025, 0.0004)],
-             [0.102, 32, 0, _phased(0.102, 0.091, 0.001, 0.0025, 0.0004)]]
+def test_phases_split_undrafted_aligned_steps_into_model_and_the_rest(step_log, tmp_path,
+                                                                     capsys):
+    none = [[2.0, 32, 32, _phased(1.9, 0.01, 0.02)],
+            [0.100, 32, 32, _phased(0.090, 0.001, 0.002)],
+            [0.100, 32, 32, _phased(0.090, 0.001, 0.002)],
+            [0.100, 32, 0, _phased(0.090, 0.001, 0.002)]]
+    naive = [[2.1, 32, 32, _phased(2.0, 0.01, 0.02, 0.001)],
+             [0.104, 32, 32, _phased(0.093, 0.001, 0.0025, 0.0004)],
+             [0.150, 32, 32, _phased(0.140, 0.001, 0.0025, 0.0004, drafts=8)],  # verified
+             [0.102, 32, 0, _phased(0.091, 0.001, 0.0025, 0.0004)]]
     runs = [_run("none", none, 50.0), _run("naive", naive, 49.0),
             _run("suffix", NONE_LOG, 50.0)]  # a step log without phases
     (row,) = step_log.phase_deltas(runs)
-    assert (row["config"], row["aligned"]) == ("naive", 2)
+    assert (row["config"], row["aligned"]) == ("naive", 2)  # the verified step left out
     assert row["none_ms"] == pytest.approx(100.0)
-    d = row["deltas"]  # ms per aligned step over none's
-    assert d["step"] == pytest.approx(3.0) and d["forward"] == pytest.approx(2.0)
+    d = row["deltas"]  # ms per undrafted aligned step over none's
+    assert d["step"] == pytest.approx(3.0) and d["model"] == pytest.approx(2.0)
     assert d["rest of step"] == pytest.approx(1.0)
     assert d["propose"] == pytest.approx(0.4) and d["sampling"] == pytest.approx(0.1)
     assert d["prepare inputs"] == pytest.approx(0.0)
