@@ -54,7 +54,9 @@ engine steps until all have finished, only the engines' own work being timed
 (:class:`vllm_specext.engine_run.SteppedCell`). That cancels the machine's drift (its
 speed wanders by a few percent over 5-20 s) at S = 0.3 s; a small S (e.g. 0.01) gives
 each engine one step per turn, as close in time as identical steps get. Each cell then
-also keeps its per-step log (seconds, output tokens, requests left; in the JSON). It
+also keeps its per-step log (seconds, output tokens, requests left; in the JSON), and
+with ``--phase-times`` each step's model-runner phases
+(:mod:`vllm_specext.phase_times`; ``benchmarks/step_log.py --phases``). It
 measures another regime, though: without the front-end process's per-step overhead, a
 step on this 2-core CPU costs mostly per token, and a batch whose requests finish at
 different steps waits for its slowest (see the README).
