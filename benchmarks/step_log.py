@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from e2e import group_key
@@ -50,19 +51,25 @@ def aligned_steps(log: list[list[float]], base: list[list[float]]) -> list[int]:
             if log[i][1:3] == base[i][1:3]]
 
 
+def _paired(runs: list[dict], batch: int | None) -> Iterator[tuple[dict, dict]]:
+    """``(run, its group's none)`` for each run other than ``none`` that has a step log,
+    as has that ``none`` (only batch ``batch`` when given)."""
+    nones = {group_key(r): r for r in runs if r["config"] == "none" and r.get("step_log")}
+    for r in runs:
+        base = nones.get(group_key(r))
+        if (r["config"] != "none" and base is not None and r.get("step_log")
+                and (batch is None or r["batch"] == batch)):
+            yield r, base
+
+
 def compare(runs: list[dict], batch: int | None = None) -> list[dict]:
     """One row per run that has a step log and a ``none`` with one in its group (same
     round, batch, workload and group): ``first`` (its first step's seconds over
     ``none``'s), ``aligned``/``none_steps`` (aligned steps, ``none``'s steps after the
     first), ``aligned_ratio`` (seconds over those steps, over ``none``'s; None without
     any) and ``cell_ratio`` (tok/s over ``none``'s)."""
-    nones = {group_key(r): r for r in runs if r["config"] == "none" and r.get("step_log")}
     rows = []
-    for r in runs:
-        base = nones.get(group_key(r))
-        if (r["config"] == "none" or base is None or not r.get("step_log")
-                or (batch is not None and r["batch"] != batch)):
-            continue
+    for r, base in _paired(runs, batch):
         log, ref = r["step_log"], base["step_log"]
         same = aligned_steps(log, ref)
         rows.append({
@@ -96,13 +103,8 @@ def phase_deltas(runs: list[dict], batch: int | None = None) -> list[dict]:
     group: ``aligned`` steps (:func:`aligned_steps` at which neither engine verified a
     draft), ``none_ms`` (``none``'s mean step over them, ms) and ``deltas``: ``{column of
     PHASE_COLUMNS: mean ms per such step over none's}``."""
-    nones = {group_key(r): r for r in runs if r["config"] == "none" and r.get("step_log")}
     rows = []
-    for r in runs:
-        base = nones.get(group_key(r))
-        if (r["config"] == "none" or base is None or not r.get("step_log")
-                or (batch is not None and r["batch"] != batch)):
-            continue
+    for r, base in _paired(runs, batch):
         log, ref = r["step_log"], base["step_log"]
         same = [i for i in aligned_steps(log, ref) if len(log[i]) > 3 and len(ref[i]) > 3
                 and not log[i][3].get("draft_tokens") and not ref[i][3].get("draft_tokens")]
