@@ -79,7 +79,7 @@ def _without_undrafted_metadata(prepare_inputs):
     speculation.
 
     vLLM 0.32 builds spec-decode metadata for every step once a speculative config is set,
-    drafts or not (0.2-0.8 ms a batch-32 step on CPU, with the rejection sampler it
+    drafts or not (0.1-0.8 ms a batch-32 step on CPU, with the rejection sampler it
     selects); for such a step the runner's ``speculative_config`` is hidden during the call,
     so vLLM takes its plain branch (logits at each request's last token). Metadata built
     anyway (a vLLM that reads the config elsewhere) is dropped from the result: it is found
