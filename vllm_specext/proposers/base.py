@@ -199,6 +199,11 @@ class Proposer(ABC):
         """
 
     # ----------------------------------------------------------------- hooks
+    def warm_up_kernels(self) -> None:
+        """Load the compiled kernels that :func:`warm_up`'s short synthetic requests do
+        not reach (e.g. those that only a growing or compacting index calls), so that
+        their first call does not stall a serving step; default: none."""
+
     def _on_start(self, req_id: str) -> None:
         """Called after the prompt is stored."""
 
@@ -219,7 +224,8 @@ def warm_up(proposer: Proposer, steps: int = 12) -> None:
     (numba's on-disk cache, first-call dispatch) are loaded before real traffic.
 
     Start, ``steps`` rounds of update / propose / observe_targets, a normal finish (feeds
-    cross-request caches), then a second request over the same tokens that is aborted.
+    cross-request caches), then a second request over the same tokens that is aborted;
+    then :meth:`Proposer.warm_up_kernels` for the kernels those requests do not reach.
     Use a throwaway instance: the synthetic tokens stay in its caches.
 
     Args:
@@ -235,3 +241,4 @@ def warm_up(proposer: Proposer, steps: int = 12) -> None:
                 proposer.observe_targets(rid, draft, draft)
             proposer.update(rid, draft[:1] + [pattern[i % len(pattern)]])
         proposer.stop_request(rid, finished=finished)
+    proposer.warm_up_kernels()

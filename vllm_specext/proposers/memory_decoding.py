@@ -54,7 +54,8 @@ import numpy as np
 from vllm_specext.proposers.base import Proposer, TokenBuffer
 from vllm_specext.proposers.memory_trie import HEADER as ARENA_HEADER
 from vllm_specext.proposers.memory_trie import (BEST, CHILD, CNT, NODE_FIELDS, SIB, TOK,
-                                                FrequencyTrie, find_child, match, node_base)
+                                                FrequencyTrie, find_child,
+                                                load_relayout_kernels, match, node_base)
 from vllm_specext.proposers.rejected_tail import TAIL_KIND, move_tail
 
 #: candidate kinds
@@ -650,6 +651,11 @@ class MemoryDecodingProposer(Proposer):
             mv[i] = t
             i += 1
         buf._len = i
+
+    def warm_up_kernels(self) -> None:
+        """Load the shared trie's growth kernels
+        (:func:`~vllm_specext.proposers.memory_trie.load_relayout_kernels`)."""
+        load_relayout_kernels()
 
     def _on_stop(self, req_id: str, finished: bool) -> None:
         """Score the last draft; count a finished request in the shared trie (its

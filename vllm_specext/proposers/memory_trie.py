@@ -268,6 +268,14 @@ def _relink(arena):
             arena[prow + BEST] = c  # ties: the lowest id, after a renumbering the old best
 
 
+def load_relayout_kernels() -> None:
+    """Renumber a throwaway trie once, so that the compiled code of
+    :func:`_best_first_order` and :func:`_relink` (called only when a trie grows or is
+    pruned, which a short warm-up request does not reach) is loaded before serving
+    rather than in the step that first grows the trie."""
+    FrequencyTrie(1, 64)._relayout()
+
+
 def _pow2(n: int) -> int:
     """Smallest power of two >= max(n, 2)."""
     return 1 << max(int(n) - 1, 1).bit_length()

@@ -76,7 +76,8 @@ from numba import njit
 from vllm_specext.proposers.base import Proposer, match_kind
 from vllm_specext.proposers.rejected_tail import TAIL_KIND, move_tail
 from vllm_specext.proposers.suffix_tree import (BEST, CNT, FCH, LEN, NXT, TOK, ActiveRequest,
-                                                GlobalCache, child, match, token_at)
+                                                GlobalCache, child, load_growth_kernels, match,
+                                                token_at)
 
 #: pseudo-count added to a voter's support: a suffix seen once before votes 1/2 for its
 #: continuation (0.5 and 2 changed tau by < 0.3% on the traces)
@@ -538,6 +539,11 @@ class SuffixProposer(Proposer):
         learn_local_weight(self._votes[req_id], buf.storage[old_len], LOCAL_WEIGHT_RATE,
                            self._log_lw)
         self._reqs[req_id].extend(buf.storage, len(buf))
+
+    def warm_up_kernels(self) -> None:
+        """Load the trees' growth and compaction kernels
+        (:func:`~vllm_specext.proposers.suffix_tree.load_growth_kernels`)."""
+        load_growth_kernels()
 
     def _on_stop(self, req_id: str, finished: bool) -> None:
         self._reqs.pop(req_id).close(finished)
