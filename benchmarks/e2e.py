@@ -13,11 +13,7 @@ baseline in which one engine's own speed counts half). Workloads: :mod:`workload
 project). Greedy decoding.
 
 Configurations run in groups of ``--engines-at-once`` engines alive at the same time,
-each group ``none`` plus up to N-1 others, fresh engines per (round, batch size, group),
-started, warmed up and first to run a unit in an order that rotates by one engine per
-round (when ``none`` always came first, it ran the same steps about 1% faster than the
-other engines in six runs of sessions 35 and 36, a second ``none`` included: no configuration
-keeps that slot):
+each group ``none`` plus up to N-1 others, fresh engines per (round, batch size, group):
 prefix caching off, glibc malloc set to keep freed memory (:data:`MALLOC_ENV`), workers'
 start-up heap frozen after a warm-up request (a full garbage collection of an unfrozen
 worker heap stalls a step by ~0.4 s on CPU). Before the first unit each engine runs an
@@ -313,9 +309,7 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
             for group in engine_groups(list(configs), engines_at_once, reference):
                 label = f"round {rnd} batch {batch:>2} {'+'.join(group)}"
                 start = time.perf_counter()
-                first = rnd % len(group)  # the engine started and warmed up first
-                cells = _run_group_with_retry(label, group[first:] + group[:first], configs,
-                                              workloads, batch,
+                cells = _run_group_with_retry(label, group, configs, workloads, batch,
                                               batch1_prompts, max_tokens, dtype, timeout,
                                               kv_cache_gib, slices, batch_units, slots,
                                               length_spread, phase_times)

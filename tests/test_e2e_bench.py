@@ -234,19 +234,3 @@ def test_with_the_control_each_ratio_is_also_paired_with_both_nones(e2e):
     assert rows[e2e.CONTROL]["vs_both_nones"] == pytest.approx(0.9)  # sqrt(81 / 100)
     assert rows["b"]["vs_both_nones"] is None  # its group ran no control
     assert "1.00×" in e2e.speedup_table(list(rows.values()), "vs_both_nones")
-
-
-def test_the_engine_started_first_rotates_by_round(e2e, monkeypatch):
-    started = []
-
-    def run_group(label, group, configs, workloads, *rest):
-        started.append(list(group))
-        cell = {"tokens_per_s": 1.0, "ttft_s": [0.1], "token_ids": [[1]]}
-        return {(name, w): cell for name in group for w in workloads}
-
-    monkeypatch.setattr(e2e, "_run_group_with_retry", run_group)
-    configs = {"none": None, "a": {"method": "ngram"}, "b": {"method": "suffix"}}
-    runs, errors = e2e.run_benchmark(configs, ["open_chat"], [8], 1, 16, 3, "float32", 60,
-                                     engines_at_once=3)
-    assert started == [["none", "a", "b"], ["a", "b", "none"], ["b", "none", "a"]]
-    assert not errors and {tuple(r["group"]) for r in runs} == {("none", "a", "b")}
