@@ -1,0 +1,243 @@
+"""The drafter's CPU time per step at a large batch, offline, with warm and cold caches.
+
+In the engine the drafter (:class:`~vllm_specext.integration.adapter.SpecExtProposer`'s
+``propose``: syncing each row's committed tokens into the proposer and the adaptive
+controller, drafting, and the adaptive rule's decision) runs right after the target
+model's forward pass, which streams the model's weights (0.5 GB in fp32 for the default
+model) through the CPU's caches, so the drafter finds its state cold. This script drives
+the adapter with a stand-in runner, ``--batch`` requests at once: Spec-Bench prompts and
+their recorded outputs (``shared/traces/specbench_vicuna7b_vanilla_greedy.jsonl``,
+tokenized with the default model's tokenizer); each step commits the shown draft's prefix
+that equals the recorded output plus one bonus token, and the cost model is fed a
+modelled step time (``--step-ms`` for a plain step plus ``--draft-token-ms`` per draft
+token; the defaults are batch 32 on the project's 2-core CPU VMs). With caches *cold*,
+a buffer larger than the last-level cache (``--flush-mib``) is read before every timed
+call, as the forward pass does.
+
+Reports per method and cache state the median milliseconds per decode step of the whole
+call and of its parts (``sync``: the rows' new tokens into the proposer, of which
+``update`` is the proposer's indexing and ``observe`` the controller's scoring;
+``draft``: the proposer's ``propose``; ``decide``: :func:`~vllm_specext.adaptive.
+shown_drafts`). Writes JSON and a PNG bar chart (``--out``).
+
+Usage::
+
+    python benchmarks/adapter_cost.py [--methods naive,ngram,suffix,memory_decoding,lookahead]
+        [--batch 32] [--steps 60] [--batches 3] [--out benchmarks/results/adapter_cost.json]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from vllm_specext.config import validate_config
+from vllm_specext.integration import adapter
+from vllm_specext.model import default_model_path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TRACE = (Path(__file__).resolve().parents[2] / "shared" / "traces"
+         / "specbench_vicuna7b_vanilla_greedy.jsonl")
+MAX_MODEL_LEN = 4096
+#: timed parts, label: (owner's attribute path from the adapter, method name); a part's
+#: time includes the parts it calls
+PARTS = {"sync": ("", "_sync"), "update": ("proposer", "update"),
+         "observe": ("controller", "observe"), "draft": ("proposer", "propose")}
+
+
+def load_requests(tokenizer_path: Path, count: int, output_tokens: int
+                  ) -> list[tuple[list[int], list[int]]]:
+    """``count`` (prompt ids, first ``output_tokens`` output ids) pairs of the trace."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    with open(TRACE) as f:
+        rows = [json.loads(line) for line in f][:count]
+    if len(rows) < count:
+        raise SystemExit(f"{TRACE} holds {len(rows)} requests, {count} needed")
+    return [(tok(r["messages"][0]["content"])["input_ids"],
+             tok(r["output"])["input_ids"][:output_tokens]) for r in rows]
+
+
+def _timed(fn: Callable, into: list[float]) -> Callable:
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            into[-1] += time.perf_counter() - start
+    return timed
+
+
+@contextlib.contextmanager
+def timed_parts(drafter: adapter.SpecExtProposer,
+                seconds: dict[str, list[float]]) -> Iterator[None]:
+    """Time the parts of ``drafter``'s calls (:data:`PARTS` on its own objects, and
+    ``decide``: :func:`~vllm_specext.adaptive.shown_drafts` as the adapter calls it):
+    each call adds its seconds to ``seconds[label][-1]`` (the caller appends a 0.0 per
+    step)."""
+    for label, (path, name) in PARTS.items():
+        owner = getattr(drafter, path) if path else drafter
+        if owner is not None:
+            setattr(owner, name, _timed(getattr(owner, name), seconds[label]))
+    decide = adapter.shown_drafts
+    adapter.shown_drafts = _timed(decide, seconds["decide"])
+    try:
+        yield
+    finally:
+        adapter.shown_drafts = decide
+
+
+def run_batch(method: str, k: int, requests: list[tuple[list[int], list[int]]], steps: int,
+              step_ms: float, draft_token_ms: float, flush: np.ndarray | None,
+              seconds: dict[str, list[float]] | None = None) -> list[float]:
+    """Prefill then ``steps`` decode steps of ``requests`` on a fresh adapter.
+
+    Returns:
+        Seconds of each decode step's ``propose`` call; with ``seconds`` (keys: every
+        label of :data:`PARTS`, ``"decide"`` and ``"total"``), each part's seconds per
+        step are appended there too.
+    """
+    spec = validate_config({"method": method, "num_speculative_tokens": k}).model_dump()
+    cfg = SimpleNamespace(additional_config={"vllm_specext": spec},
+                          model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN))
+    drafter = adapter.SpecExtProposer(cfg)
+    rows = len(requests)
+    prompts = [p for p, _ in requests]
+    batch = SimpleNamespace(req_ids=[f"{id(drafter)}-{i}" for i in range(rows)],
+                            num_prompt_tokens=np.array([len(p) for p in prompts], np.int32))
+    drafter.bind_runner(SimpleNamespace(input_batch=batch, requests={}))
+    token_ids = np.zeros((rows, MAX_MODEL_LEN), np.int32)
+    num_tokens = np.array([len(p) for p in prompts], np.int32)
+    for i, p in enumerate(prompts):
+        token_ids[i, :len(p)] = p
+    drafts = drafter.propose([[] for _ in range(rows)], num_tokens, token_ids)
+    with timed_parts(drafter, seconds) if seconds is not None else contextlib.nullcontext():
+        return _decode(drafter, requests, token_ids, num_tokens, drafts, steps, step_ms,
+                       draft_token_ms, flush, seconds)
+
+
+def _decode(drafter: adapter.SpecExtProposer, requests: list, token_ids: np.ndarray,
+            num_tokens: np.ndarray, drafts: list[list[int]], steps: int, step_ms: float,
+            draft_token_ms: float, flush: np.ndarray | None,
+            seconds: dict[str, list[float]] | None) -> list[float]:
+    """The decode steps of :func:`run_batch`."""
+    rows = len(requests)
+    done = [0] * rows
+    times = []
+    for _ in range(steps):
+        sampled = []
+        for i, (_, output) in enumerate(requests):
+            accepted = 0
+            for token in drafts[i]:
+                if done[i] + accepted >= len(output) or token != output[done[i] + accepted]:
+                    break
+                accepted += 1
+            new = output[done[i]:done[i] + accepted + 1] or [0]
+            token_ids[i, num_tokens[i]:num_tokens[i] + len(new)] = new
+            num_tokens[i] += len(new)
+            done[i] += len(new)
+            sampled.append(list(new))
+        draft_tokens = sum(map(len, drafts))
+        drafter.cost_model.observe(rows + draft_tokens,
+                                   (step_ms + draft_token_ms * draft_tokens) / 1e3,
+                                   draft_tokens > 0, rows)
+        if flush is not None:
+            flush.sum()
+        if seconds is not None:
+            for values in seconds.values():
+                values.append(0.0)
+        start = time.perf_counter()
+        drafts = drafter.propose(sampled, num_tokens, token_ids)
+        times.append(time.perf_counter() - start)
+        if seconds is not None:
+            seconds["total"][-1] = times[-1]
+    return times
+
+
+def measure(method: str, k: int, requests: list, batch: int, steps: int, batches: int,
+            step_ms: float, draft_token_ms: float, flush: np.ndarray | None) -> dict:
+    """Median ms per decode step of the whole call and of each part, over ``batches``
+    batches of ``batch`` requests (after one untimed batch that compiles the kernels)."""
+    run_batch(method, k, requests[:batch], 4, step_ms, draft_token_ms, flush)
+    seconds: dict[str, list[float]] = {label: [] for label in (*PARTS, "decide", "total")}
+    for b in range(1, batches + 1):
+        run_batch(method, k, requests[b * batch:(b + 1) * batch], steps, step_ms,
+                  draft_token_ms, flush, seconds)
+    return {label: round(1e3 * statistics.median(values), 4)
+            for label, values in seconds.items()}
+
+
+def plot(results: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(r["method"] for r in results))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    x = np.arange(len(methods))
+    for j, caches in enumerate(("warm", "cold")):
+        ms = [next(r["ms"]["total"] for r in results
+                   if r["method"] == m and r["caches"] == caches) for m in methods]
+        ax.bar(x + (j - 0.5) * 0.4, ms, 0.4, label=f"{caches} caches")
+    ax.set_xticks(x, methods)
+    ax.set_ylabel("ms per step (median)")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", default="naive,ngram,suffix,memory_decoding,lookahead")
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=60, help="decode steps timed per batch")
+    ap.add_argument("--batches", type=int, default=3, help="timed batches per method")
+    ap.add_argument("--step-ms", type=float, default=130.0,
+                    help="modelled plain step at --batch rows, ms (the cost model's input)")
+    ap.add_argument("--draft-token-ms", type=float, default=1.6,
+                    help="modelled extra step time per draft token, ms")
+    ap.add_argument("--flush-mib", type=int, default=256,
+                    help="buffer read before each cold call, MiB (> the last-level cache)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "adapter_cost.json")
+    args = ap.parse_args(argv)
+    if args.batch < 1 or args.steps < 1 or args.batches < 1 or args.flush_mib < 1:
+        raise SystemExit("--batch, --steps, --batches and --flush-mib must be >= 1")
+    requests = load_requests(default_model_path(), (args.batches + 1) * args.batch,
+                             args.steps + 8)
+    flush = np.ones(args.flush_mib << 18, dtype=np.float32)
+    results = []
+    for method in [m for m in args.methods.split(",") if m]:
+        for caches in ("warm", "cold"):
+            ms = measure(method, args.num_speculative_tokens, requests, args.batch,
+                         args.steps, args.batches, args.step_ms, args.draft_token_ms,
+                         flush if caches == "cold" else None)
+            results.append({"method": method, "caches": caches, "ms": ms})
+            print(f"{method:16s} {caches}: " + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
+                  + " ms/step", flush=True)
+    meta = {"command": " ".join(["python", "benchmarks/adapter_cost.py",
+                                 *(sys.argv[1:] if argv is None else argv)]),
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    chart = args.out.with_suffix(".png")
+    plot(results, chart, f"drafter per step, batch {args.batch}, k={args.num_speculative_tokens}"
+         f" (offline, stand-in runner)")
+    print(f"wrote {args.out} and {chart}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
