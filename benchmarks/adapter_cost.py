@@ -5,20 +5,26 @@ In the engine the drafter (:class:`~vllm_specext.integration.adapter.SpecExtProp
 controller, drafting, and the adaptive rule's decision) runs right after the target
 model's forward pass, which streams the model's weights (0.5 GB in fp32 for the default
 model) through the CPU's caches, so the drafter finds its state cold. This script drives
-the adapter with a stand-in runner, ``--batch`` requests at once: Spec-Bench prompts and
-their recorded outputs (``shared/traces/specbench_vicuna7b_vanilla_greedy.jsonl``,
-tokenized with the default model's tokenizer); each step commits the shown draft's prefix
-that equals the recorded output plus one bonus token, and the cost model is fed a
-modelled step time (``--step-ms`` for a plain step plus ``--draft-token-ms`` per draft
-token; the defaults are batch 32 on the project's 2-core CPU VMs). With caches *cold*,
-a buffer larger than the last-level cache (``--flush-mib``) is read before every timed
-call, as the forward pass does.
+the adapter with a stand-in runner, ``--batch`` requests at once: Spec-Bench conversations
+and their recorded answers (``shared/traces/specbench_vicuna7b_vanilla_greedy.jsonl``,
+those whose answer holds at least ``2 x --steps`` tokens; every message of a conversation
+rendered with the default model's chat template, answers tokenized with its tokenizer);
+each step commits the shown draft's prefix that equals the recorded answer plus one bonus
+token, and the cost model is fed a modelled step time (``--step-ms`` for a plain step plus
+``--draft-token-ms`` per draft token; the defaults are batch 32 on the 2-core AMD EPYC VM
+of sessions 31-36, where a plain 32-row step took 130-150 ms). With caches *cold*, a
+buffer larger than the last-level cache (``--flush-mib``) is read before every timed call,
+as the forward pass does.
 
 Reports per method and cache state the median milliseconds per decode step of the whole
-call and of its parts (``sync``: the rows' new tokens into the proposer, of which
-``update`` is the proposer's indexing and ``observe`` the controller's scoring;
-``draft``: the proposer's ``propose``; ``decide``: :func:`~vllm_specext.adaptive.
-shown_drafts`). Writes JSON and a PNG bar chart (``--out``).
+call (timed in batches of its own, without the part timers, whose ~70 calls a step would
+add to it) and of its parts, timed in a second set of batches (``sync``: the rows' new
+tokens into the proposer, of which ``update`` is the proposer's indexing and ``observe``
+the controller's scoring; ``draft``: the proposer's ``propose``; ``decide``:
+``vllm_specext.adaptive.shown_drafts``); medians of parts do not add up to the total's.
+``filler_tokens``: tokens committed after a row's recorded answer ran out (a filler token,
+its drafts rejected), which should be few. Writes JSON and a PNG bar chart (``--out``,
+the chart next to it).
 
 Usage::
 
@@ -53,18 +59,30 @@ PARTS = {"sync": ("", "_sync"), "update": ("proposer", "update"),
          "observe": ("controller", "observe"), "draft": ("proposer", "propose")}
 
 
-def load_requests(tokenizer_path: Path, count: int, output_tokens: int
+def load_requests(tokenizer_path: Path, count: int, min_output: int
                   ) -> list[tuple[list[int], list[int]]]:
-    """``count`` (prompt ids, first ``output_tokens`` output ids) pairs of the trace."""
+    """The first ``count`` (prompt ids, answer ids) pairs of the trace whose answer holds at
+    least ``min_output`` tokens; the prompt is the whole conversation in the chat template.
+
+    Raises:
+        SystemExit: fewer such conversations than ``count``.
+    """
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    requests = []
     with open(TRACE) as f:
-        rows = [json.loads(line) for line in f][:count]
-    if len(rows) < count:
-        raise SystemExit(f"{TRACE} holds {len(rows)} requests, {count} needed")
-    return [(tok(r["messages"][0]["content"])["input_ids"],
-             tok(r["output"])["input_ids"][:output_tokens]) for r in rows]
+        for line in f:
+            row = json.loads(line)
+            answer = tok(row["output"])["input_ids"]
+            if len(answer) >= min_output:
+                text = tok.apply_chat_template(row["messages"], tokenize=False,
+                                               add_generation_prompt=True)
+                requests.append((tok(text, add_special_tokens=False)["input_ids"], answer))
+            if len(requests) == count:
+                return requests
+    raise SystemExit(f"{TRACE} holds {len(requests)} answers of >= {min_output} tokens; "
+                     f"(--batches + 1) x --batch = {count} needed (one untimed batch)")
 
 
 def _timed(fn: Callable, into: list[float]) -> Callable:
@@ -98,13 +116,14 @@ def timed_parts(drafter: adapter.SpecExtProposer,
 
 def run_batch(method: str, k: int, requests: list[tuple[list[int], list[int]]], steps: int,
               step_ms: float, draft_token_ms: float, flush: np.ndarray | None,
-              seconds: dict[str, list[float]] | None = None) -> list[float]:
+              seconds: dict[str, list[float]] | None = None) -> tuple[list[float], int]:
     """Prefill then ``steps`` decode steps of ``requests`` on a fresh adapter.
 
     Returns:
-        Seconds of each decode step's ``propose`` call; with ``seconds`` (keys: every
-        label of :data:`PARTS`, ``"decide"`` and ``"total"``), each part's seconds per
-        step are appended there too.
+        ``(seconds of each decode step's propose call, filler tokens committed)``; with
+        ``seconds`` (keys: every label of :data:`PARTS` and ``"decide"``), each part's
+        seconds per step are appended there too (timed by wrappers on this adapter's
+        objects, which are dropped with it).
     """
     spec = validate_config({"method": method, "num_speculative_tokens": k}).model_dump()
     cfg = SimpleNamespace(additional_config={"vllm_specext": spec},
@@ -128,11 +147,12 @@ def run_batch(method: str, k: int, requests: list[tuple[list[int], list[int]]], 
 def _decode(drafter: adapter.SpecExtProposer, requests: list, token_ids: np.ndarray,
             num_tokens: np.ndarray, drafts: list[list[int]], steps: int, step_ms: float,
             draft_token_ms: float, flush: np.ndarray | None,
-            seconds: dict[str, list[float]] | None) -> list[float]:
+            seconds: dict[str, list[float]] | None) -> tuple[list[float], int]:
     """The decode steps of :func:`run_batch`."""
     rows = len(requests)
     done = [0] * rows
     times = []
+    filler = 0
     for _ in range(steps):
         sampled = []
         for i, (_, output) in enumerate(requests):
@@ -141,7 +161,9 @@ def _decode(drafter: adapter.SpecExtProposer, requests: list, token_ids: np.ndar
                 if done[i] + accepted >= len(output) or token != output[done[i] + accepted]:
                     break
                 accepted += 1
-            new = output[done[i]:done[i] + accepted + 1] or [0]
+            new = output[done[i]:done[i] + accepted + 1]
+            if not new:  # the answer ran out: a filler token, as in a request gone on
+                new, filler = [0], filler + 1
             token_ids[i, num_tokens[i]:num_tokens[i] + len(new)] = new
             num_tokens[i] += len(new)
             done[i] += len(new)
@@ -158,22 +180,28 @@ def _decode(drafter: adapter.SpecExtProposer, requests: list, token_ids: np.ndar
         start = time.perf_counter()
         drafts = drafter.propose(sampled, num_tokens, token_ids)
         times.append(time.perf_counter() - start)
-        if seconds is not None:
-            seconds["total"][-1] = times[-1]
-    return times
+    return times, filler
 
 
 def measure(method: str, k: int, requests: list, batch: int, steps: int, batches: int,
             step_ms: float, draft_token_ms: float, flush: np.ndarray | None) -> dict:
-    """Median ms per decode step of the whole call and of each part, over ``batches``
-    batches of ``batch`` requests (after one untimed batch that compiles the kernels)."""
+    """``{"ms": {part or "total": median ms per decode step}, "filler_tokens": n}`` over
+    ``batches`` batches of ``batch`` requests, after one untimed batch that compiles the
+    kernels: the total from batches run without the part timers, the parts from the same
+    batches run again with them."""
     run_batch(method, k, requests[:batch], 4, step_ms, draft_token_ms, flush)
-    seconds: dict[str, list[float]] = {label: [] for label in (*PARTS, "decide", "total")}
-    for b in range(1, batches + 1):
-        run_batch(method, k, requests[b * batch:(b + 1) * batch], steps, step_ms,
-                  draft_token_ms, flush, seconds)
-    return {label: round(1e3 * statistics.median(values), 4)
-            for label, values in seconds.items()}
+    total, filler = [], 0
+    seconds: dict[str, list[float]] = {label: [] for label in (*PARTS, "decide")}
+    for parts in (None, seconds):
+        for b in range(1, batches + 1):
+            times, n = run_batch(method, k, requests[b * batch:(b + 1) * batch], steps,
+                                 step_ms, draft_token_ms, flush, parts)
+            if parts is None:
+                total += times
+                filler += n
+    ms = {label: round(1e3 * statistics.median(values), 4)
+          for label, values in {**seconds, "total": total}.items()}
+    return {"ms": ms, "filler_tokens": filler}
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:
@@ -199,9 +227,11 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--methods", default="naive,ngram,suffix,memory_decoding,lookahead")
-    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--methods", default="naive,ngram,suffix,memory_decoding,lookahead",
+                    help="comma-separated vllm_specext methods, each at its defaults")
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=8,
+                    help="draft tokens per request and step at most")
+    ap.add_argument("--batch", type=int, default=32, help="requests decoding at once")
     ap.add_argument("--steps", type=int, default=60, help="decode steps timed per batch")
     ap.add_argument("--batches", type=int, default=3, help="timed batches per method")
     ap.add_argument("--step-ms", type=float, default=130.0,
@@ -210,26 +240,32 @@ def main(argv: list[str] | None = None) -> int:
                     help="modelled extra step time per draft token, ms")
     ap.add_argument("--flush-mib", type=int, default=256,
                     help="buffer read before each cold call, MiB (> the last-level cache)")
-    ap.add_argument("--out", type=Path, default=RESULTS / "adapter_cost.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "adapter_cost.json",
+                    help="JSON written here, the PNG chart next to it")
     args = ap.parse_args(argv)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
     if args.batch < 1 or args.steps < 1 or args.batches < 1 or args.flush_mib < 1:
         raise SystemExit("--batch, --steps, --batches and --flush-mib must be >= 1")
+    methods = [m for m in args.methods.split(",") if m]
+    for method in methods:  # a bad method or k fails here, before anything is measured
+        validate_config({"method": method, "num_speculative_tokens": args.num_speculative_tokens})
     requests = load_requests(default_model_path(), (args.batches + 1) * args.batch,
-                             args.steps + 8)
+                             2 * args.steps)
     flush = np.ones(args.flush_mib << 18, dtype=np.float32)
     results = []
-    for method in [m for m in args.methods.split(",") if m]:
+    for method in methods:
         for caches in ("warm", "cold"):
-            ms = measure(method, args.num_speculative_tokens, requests, args.batch,
-                         args.steps, args.batches, args.step_ms, args.draft_token_ms,
-                         flush if caches == "cold" else None)
-            results.append({"method": method, "caches": caches, "ms": ms})
-            print(f"{method:16s} {caches}: " + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
-                  + " ms/step", flush=True)
+            result = measure(method, args.num_speculative_tokens, requests, args.batch,
+                             args.steps, args.batches, args.step_ms, args.draft_token_ms,
+                             flush if caches == "cold" else None)
+            results.append({"method": method, "caches": caches, **result})
+            print(f"{method:16s} {caches}: "
+                  + "  ".join(f"{k} {v:.3f}" for k, v in result["ms"].items())
+                  + f" ms/step; filler tokens {result['filler_tokens']}", flush=True)
     meta = {"command": " ".join(["python", "benchmarks/adapter_cost.py",
                                  *(sys.argv[1:] if argv is None else argv)]),
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "started": started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     chart = args.out.with_suffix(".png")
