@@ -11,8 +11,9 @@ those whose answer holds at least ``2 x --steps`` tokens; every message of a con
 rendered with the default model's chat template, answers tokenized with its tokenizer);
 each step commits the shown draft's prefix that equals the recorded answer plus one bonus
 token, and the cost model is fed a modelled step time (``--step-ms`` for a plain step plus
-``--draft-token-ms`` per draft token; the defaults are batch 32 on the 2-core AMD EPYC VM
-of sessions 31-36, where a plain 32-row step took 130-150 ms). With caches *cold*, a
+``--draft-token-ms`` per draft token; the defaults are within what batch 32 measured on
+the project's 2-core CPU VMs: a plain 32-row step 120-170 ms, a draft token ~1.6-1.9 ms
+more). With caches *cold*, a
 buffer larger than the last-level cache (``--flush-mib``) is read before every timed call,
 as the forward pass does.
 
