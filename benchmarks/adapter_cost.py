@@ -7,8 +7,9 @@ model's forward pass, which streams the model's weights (0.5 GB in fp32 for the 
 model) through the CPU's caches, so the drafter finds its state cold. This script drives
 the adapter with a stand-in runner, ``--batch`` requests at once: Spec-Bench conversations
 and their recorded answers (``shared/traces/specbench_vicuna7b_vanilla_greedy.jsonl``,
-those whose answer holds at least ``2 x --steps`` tokens; every message of a conversation
-rendered with the default model's chat template, answers tokenized with its tokenizer);
+those whose answer holds at least ``2 x --steps`` tokens; each conversation rendered in
+the default model's chat template and tokenized with its tokenizer, as the offline replay
+does);
 each step commits the shown draft's prefix that equals the recorded answer plus one bonus
 token, and the cost model is fed a modelled step time (``--step-ms`` for a plain step plus
 ``--draft-token-ms`` per draft token; the defaults are within what batch 32 measured on
@@ -49,6 +50,8 @@ import numpy as np
 from vllm_specext.config import validate_config
 from vllm_specext.integration import adapter
 from vllm_specext.model import default_model_path
+from vllm_specext.replay.tokenizers import load_tokenizer
+from vllm_specext.replay.traces import load_traces, tokenize_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRACE = (Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -63,25 +66,21 @@ PARTS = {"sync": ("", "_sync"), "update": ("proposer", "update"),
 def load_requests(tokenizer_path: Path, count: int, min_output: int
                   ) -> list[tuple[list[int], list[int]]]:
     """The first ``count`` (prompt ids, answer ids) pairs of the trace whose answer holds at
-    least ``min_output`` tokens; the prompt is the whole conversation in the chat template.
+    least ``min_output`` tokens, tokenized as the offline replay does
+    (:func:`vllm_specext.replay.traces.tokenize_record`: the whole conversation in the
+    default model's own chat template, ``hf``).
 
     Raises:
         SystemExit: fewer such conversations than ``count``.
     """
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    tok = load_tokenizer(str(tokenizer_path))
     requests = []
-    with open(TRACE) as f:
-        for line in f:
-            row = json.loads(line)
-            answer = tok(row["output"])["input_ids"]
-            if len(answer) >= min_output:
-                text = tok.apply_chat_template(row["messages"], tokenize=False,
-                                               add_generation_prompt=True)
-                requests.append((tok(text, add_special_tokens=False)["input_ids"], answer))
-            if len(requests) == count:
-                return requests
+    for record in load_traces(TRACE):
+        prompt, answer = tokenize_record(record, tok, "hf")
+        if len(answer) >= min_output:
+            requests.append((prompt, answer))
+        if len(requests) == count:
+            return requests
     raise SystemExit(f"{TRACE} holds {len(requests)} answers of >= {min_output} tokens; "
                      f"(--batches + 1) x --batch = {count} needed (one untimed batch)")
 
