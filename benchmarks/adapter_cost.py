@@ -50,6 +50,7 @@ import numpy as np
 from vllm_specext.config import validate_config
 from vllm_specext.integration import adapter
 from vllm_specext.model import default_model_path
+from vllm_specext.replay.simulate import chain_accept
 from vllm_specext.replay.tokenizers import load_tokenizer
 from vllm_specext.replay.traces import load_traces, tokenize_record
 
@@ -156,11 +157,7 @@ def _decode(drafter: adapter.SpecExtProposer, requests: list, token_ids: np.ndar
     for _ in range(steps):
         sampled = []
         for i, (_, output) in enumerate(requests):
-            accepted = 0
-            for token in drafts[i]:
-                if done[i] + accepted >= len(output) or token != output[done[i] + accepted]:
-                    break
-                accepted += 1
+            accepted = chain_accept(drafts[i], output, done[i])
             new = output[done[i]:done[i] + accepted + 1]
             if not new:  # the answer ran out: a filler token, as in a request gone on
                 new, filler = [0], filler + 1
