@@ -289,6 +289,14 @@ class DraftLengthController:
 #: identical steps stays within ~10%
 PLAIN_STALE_RATIO = 1.25
 
+#: a curve's point more than this many times slower than a point of more tokens observed
+#: after it is left out of the curve (:func:`_isotonic`), and a plain group whose
+#: ``min_samples`` latest steps in a row all read more than this factor off its time, on
+#: one side, restarts from their median (:class:`_StepGroup`): noise between identical
+#: steps stays within ~10%, while a new batch's contexts move every step time by 15-40%
+#: (the e2e benchmark's batch-32 cells after the warm-up's longer copy prompts)
+LEVEL_SHIFT_RATIO = 1.1
+
 
 def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
                  req_ids: Sequence[str], drafts: list[list[int]], kinds: Sequence[int],
@@ -419,10 +427,13 @@ class StepCostModel:
     their median time (a garbage-collection pause or another process's burst in one step
     must not price a batch size for good); after that each step, clamped to within a
     factor 2 of the group's mean, moves a running mean of its ``n`` and time (weight
-    ``smoothing``, or ``plain_smoothing`` for plain steps, so the curve follows drift). Each
+    ``smoothing``, or ``plain_smoothing`` for plain steps, so the curve follows drift);
+    ``min_samples`` steps in a row off the mean on one side, by more than 2x (a plain
+    group: :data:`LEVEL_SHIFT_RATIO`), restart the group from their median. Each
     curve goes through its groups' means,
     sorted by ``n`` and made non-decreasing by pooling neighbours that break the order
-    (isotonic regression, weighted by samples). No shape is assumed: on a 2-core CPU
+    (isotonic regression, weighted by samples; an older point that a newer one of more
+    tokens outruns is left out instead, see :func:`_isotonic`). No shape is assumed: on a 2-core CPU
     (fp32 SmolLM2-135M) a batch-8 step was 40 ms flat from 1 to 9 tokens, then rose
     ~2.9 ms per token; on a GPU a step stays nearly flat until the batch becomes
     compute-bound. A straight-line fit over all steps priced draft tokens at the slope of
@@ -590,7 +601,8 @@ class StepCostModel:
             seconds = raw / self._verified_level
         group.add(float(tokens), float(seconds), self._steps, self.min_samples,
                   self.smoothing if speculative else self.plain_smoothing,
-                  self.explore_every, 1 if speculative else 3, resume=not speculative)
+                  self.explore_every, 1 if speculative else 3, resume=not speculative,
+                  shift=2.0 if speculative else LEVEL_SHIFT_RATIO)
         self._curves = None
         if rows is not None and 0 < rows and (rows < tokens or not speculative):
             self._pair(rows, tokens - rows, raw, bool(speculative))
@@ -984,13 +996,15 @@ class _StepGroup:
 
     def add(self, tokens: float, seconds: float, step: int, min_samples: int,
             smoothing: float, stale_gap: int | None, median_of: int = 1,
-            resume: bool = False) -> None:
+            resume: bool = False, shift: float = 2.0) -> None:
         """Add one step; ``stale_gap``: steps after which the group's mean is stale (None:
         never). A stale group restarts from the median of its next ``min_samples`` steps,
         following its running mean meanwhile, when ``resume`` (plain groups: their steps
         come often); otherwise from a step more than 2x faster at once (verified groups
         are measured rarely; interference only slows steps, so a slow one needs
-        ``min_samples`` in a row). ``median_of``: the running mean takes the median of
+        ``min_samples`` in a row). ``shift`` (> 1): ``min_samples`` steps in a row more
+        than this factor off the group's time, on one side, restart it from their median
+        (the time has moved). ``median_of``: the running mean takes the median of
         the last that many steps' times (3: one stalled step moves it not at all, a new
         level from its second step)."""
         stale = stale_gap is not None and step - self.last > stale_gap
@@ -1009,7 +1023,7 @@ class _StepGroup:
             if len(self.resume) == min_samples:
                 self._restart_from(self.resume, step, min_samples)
                 return
-        if 0.5 * self.t <= seconds <= 2.0 * self.t:
+        if self.t / shift <= seconds <= shift * self.t:
             self.outliers = []
         elif stale and seconds < self.t:  # a faster step after a while: trust it
             self._restart_from([(seconds, tokens)], step, min_samples)
@@ -1053,13 +1067,19 @@ def _isotonic(points: list[tuple[float, float, float, int]],
     (pool adjacent violators): returns the pooled blocks' weighted mean ``(xs, ys)``.
 
     A point slower than one of more tokens observed more than ``stale_gap`` steps after it
-    is left out first instead of pooled, and so is one more than 2x slower than one of
-    more tokens observed at any later step: a size measured slow during an engine's first
-    steps (other engines starting on a 2-core CPU: 0.4-0.5 s verified steps, later 0.14 s;
-    one-token plain steps at 1-4 s, then 32-token ones at 0.15 s) and not run at since
-    must not hold the curve above what newer steps measured. The
-    older point of an out-of-order pair is dropped only when it is the slower one
-    (interference only slows steps): a newer slow point at fewer tokens is pooled.
+    is left out first instead of pooled, and so is one more than
+    :data:`LEVEL_SHIFT_RATIO` times slower than one of more tokens observed at any later
+    step: a size measured slow during an engine's first steps (other engines starting on
+    a 2-core CPU: 0.4-0.5 s verified steps, later 0.14 s; one-token plain steps at 1-4 s,
+    then 32-token ones at 0.15 s) or in a batch with longer contexts, and not run at
+    since, must not hold the curve above what newer steps measured. Pooled instead, the
+    e2e benchmark's batch-32 ``P(32)`` read 137-168 ms for the first 30 steps of a cell
+    whose plain steps took 97-119 ms: its 32-row steps were pooled with the warm-up
+    batch's last 27-31-row steps (~166 ms, longer contexts; decision log replayed,
+    2026-12-07), and drafts were priced 30% too cheap. The older point of an
+    out-of-order pair is dropped only when it is the slower one (interference only slows
+    steps): a newer slow point at fewer tokens is pooled, and so are points within
+    :data:`LEVEL_SHIFT_RATIO` of each other (noise between neighbouring sizes).
 
     Likewise a point whose time per token is more than 2x that of one of fewer tokens
     observed later: a step's time per token does not grow with its tokens (a fixed cost
@@ -1068,7 +1088,7 @@ def _isotonic(points: list[tuple[float, float, float, int]],
     kept that size's start-up price for ``stale_steps`` steps, since no later step
     reached that many tokens."""
     kept = [p for p in points if not any(q[3] > p[3] and (
-        q[1] * (1 if q[3] - p[3] > stale_gap else 2) < p[1] if q[0] > p[0]
+        q[1] * (1 if q[3] - p[3] > stale_gap else LEVEL_SHIFT_RATIO) < p[1] if q[0] > p[0]
         else 2 * q[1] * p[0] < p[1] * q[0]) for q in points)]
     blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w]
     for x, y, w, _ in kept:
