@@ -3,16 +3,22 @@
 A decision log (``VLLM_SPECEXT_DECISION_LOG``, :mod:`vllm_specext.integration.decision_log`)
 keeps every timed step of an engine as ``[tokens, milliseconds, verified]`` with the rows
 that decoded in it. This script feeds those steps, in order, to a fresh
-:class:`vllm_specext.adaptive.StepCostModel` of the code it runs with (margin 1.5, the
-engine's default) and, before each step, asks it what that step would cost: ``P(rows)``
-for a plain step in which every row decoded, ``V(tokens)`` for a verified one. Per run of
-the log (its marks: the e2e benchmark's warm-up and cells) it reports, for the steps of at
-least ``--min-rows`` rows, the price's mean relative error (``price / measured - 1``; > 0:
-priced too dear, and for ``P`` drafts then look too cheap), the same over the run's first
-``--first`` such steps (where a new batch meets the previous batch's prices), and the
-median threshold :meth:`~vllm_specext.adaptive.StepCostModel.threshold` gives the drafts
-each step offered. So a change to the cost model can be judged on real engine timings
-without running the engine again: run this on one log with the old code and the new.
+:class:`vllm_specext.adaptive.StepCostModel` of the code it imports (``--margin`` and
+``--verified-scale`` as the engine's ``adaptive_margin`` and ``adaptive_verified_scale``)
+and, before each step, asks it what that step would cost: ``P(rows)`` for a plain step in
+which every row decoded, ``V(tokens)`` for a verified one. Per run of the log (its marks:
+the e2e benchmark's warm-up and each cell) it reports, for the steps of at least
+``--min-rows`` rows, the price's mean relative error (``price / measured - 1``; > 0: priced
+too dear, and for ``P`` drafts then look too cheap) and mean absolute relative error, the
+mean error over the run's first ``--first`` such steps (where a new batch meets the
+previous batch's prices), and the median threshold
+:meth:`~vllm_specext.adaptive.StepCostModel.threshold` gives the drafts each step offered.
+An engine's start-up and warm-up runs read large errors: its first steps are slow.
+
+So a change to the cost model can be judged on real engine timings without running the
+engine again: run this once with the old code and once with the new, each imported from
+its own copy (``git worktree add /tmp/old <commit>``, then ``PYTHONPATH=/tmp/old python
+/tmp/old/benchmarks/price_replay.py LOGS``); the first line printed names the code used.
 
 The replay sees only the timed steps: calls the engine's adaptive rule made in between
 (plain probes that re-measure a group, explorations) are not repeated, so its prices can
@@ -21,7 +27,7 @@ differ a little from the ``plain_ms`` and ``threshold`` the log recorded.
 Usage::
 
     python benchmarks/price_replay.py /tmp/dl/b32.*.jsonl [--min-rows 16] [--first 10]
-        [--json out.json]
+        [--margin 1.5] [--verified-scale 3] [--json out.json]
 """
 from __future__ import annotations
 
@@ -32,25 +38,31 @@ from pathlib import Path
 
 from decision_log import read_log, runs
 
+import vllm_specext
 from vllm_specext.adaptive import StepCostModel
 
-MARGIN = 1.5  # the engine's default adaptive_margin
 
-
-def replay(lines: list[dict], min_rows: int = 16, first: int = 10) -> dict[str, dict]:
+def replay(lines: list[dict], min_rows: int = 16, first: int = 10, margin: float = 1.5,
+           verified_scale: int = 3) -> dict[str, dict]:
     """Replay one log's timed steps through a fresh :class:`StepCostModel`.
 
     Args:
         lines: the log's lines in file order (marks included).
         min_rows: only steps that decoded at least this many rows are scored.
-        first: steps (of each kind) scored separately at the start of each run.
+        first: the first scored steps of each kind in each run, also scored apart.
+        margin, verified_scale: the cost model's (the engine's ``adaptive_margin``,
+            default 1.5, and ``adaptive_verified_scale``, default 3).
 
     Returns:
         ``{run label: {"plain": stats, "verified": stats, "threshold": median or None}}``
-        in log order, each ``stats`` ``{"steps", "mean_error", "first_error"}``
-        (relative errors, rounded to 4 places; None without steps).
+        in log order, a label seen before numbered (``"cell (2)"``), each ``stats``
+        ``{"steps", "mean_error", "mean_abs_error", "first_error"}`` (relative errors,
+        rounded to 4 places; None without steps).
+
+    Raises:
+        ValueError: ``margin`` or ``verified_scale`` outside the cost model's range.
     """
-    model = StepCostModel(margin=MARGIN)
+    model = StepCostModel(margin=margin, verified_scale=verified_scale)
     out: dict[str, dict] = {}
     for label, steps in runs(lines):
         label = next(name for n in range(1, len(out) + 2)  # a label seen before: numbered
@@ -79,19 +91,21 @@ def _stats(errors: list[float], first: int) -> dict:
     def mean(xs):
         return round(statistics.fmean(xs), 4) if xs else None
     return {"steps": len(errors), "mean_error": mean(errors),
+            "mean_abs_error": mean([abs(e) for e in errors]),
             "first_error": mean(errors[:first])}
 
 
 def table(name: str, result: dict[str, dict], first: int) -> str:
     """A Markdown table of :func:`replay`'s result for one log."""
-    out = [f"### {name}", "", "| run | plain steps | P error | P error, first "
-           f"{first} | verified steps | V error | V error, first {first} | median "
-           "threshold |", "|" + "---|" * 8]
+    if not any(r["plain"]["steps"] or r["verified"]["steps"] for r in result.values()):
+        return f"### {name}\n\nno timed decode steps of that many rows"
+    out = [f"### {name}", "", "| run | plain steps | P error | P abs. error | P error, "
+           f"first {first} | verified steps | V error | V abs. error | V error, first "
+           f"{first} | median threshold |", "|" + "---|" * 10]
     for label, r in result.items():
-        p, v = r["plain"], r["verified"]
-        out.append(f"| {label} | {p['steps']} | {p['mean_error']} | {p['first_error']} | "
-                   f"{v['steps']} | {v['mean_error']} | {v['first_error']} | "
-                   f"{r['threshold']} |")
+        cells = [label] + [r[kind][key] for kind in ("plain", "verified") for key in (
+            "steps", "mean_error", "mean_abs_error", "first_error")] + [r["threshold"]]
+        out.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(out)
 
 
@@ -101,20 +115,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-rows", type=int, default=16,
                     help="score steps that decoded at least this many rows (>= 1)")
     ap.add_argument("--first", type=int, default=10,
-                    help="steps of each kind scored apart at each run's start (>= 1)")
+                    help="the first scored steps of each kind in each run, also "
+                    "scored apart (>= 1)")
+    ap.add_argument("--margin", type=float, default=1.5,
+                    help="the engine's adaptive_margin (sets the thresholds; >= 1)")
+    ap.add_argument("--verified-scale", type=int, default=3,
+                    help="the engine's adaptive_verified_scale (>= 0)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     if args.min_rows < 1 or args.first < 1:
         ap.error("--min-rows and --first must be >= 1")
+    try:
+        StepCostModel(margin=args.margin, verified_scale=args.verified_scale)
+    except ValueError as err:
+        ap.error(str(err))
+    print(f"cost model of {Path(vllm_specext.__file__).parent}\n")
     result = {}
     for path in args.logs:
         try:
             lines = read_log(path)
         except OSError as err:
             ap.error(f"cannot read {path}: {err.strerror or err}")
-        result[path] = replay(lines, args.min_rows, args.first)
+        result[path] = replay(lines, args.min_rows, args.first, args.margin,
+                              args.verified_scale)
         print(table(Path(path).name, result[path], args.first) + "\n")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -787,6 +787,10 @@ def test_a_plain_group_back_after_a_while_restarts_from_its_next_steps():
     for t in (0.080, 0.100, 0.079):  # off on both sides: noise, no restart
         m.observe(32, t, rows=32)
     assert m.step_time(32) > 0.085
+    before = m.step_time(32)
+    for _ in range(3):  # slower (interference only slows): the running mean, no restart
+        m.observe(32, 1.25 * before, rows=32)
+    assert m.step_time(32) < 1.15 * before
 
 
 def test_a_new_batch_with_shorter_contexts_is_priced_by_its_own_plain_steps():
@@ -798,8 +802,8 @@ def test_a_new_batch_with_shorter_contexts_is_priced_by_its_own_plain_steps():
     m = StepCostModel(margin=1.5)
     for _ in range(5):
         m.observe(32, 0.166, rows=32)
-    for rows in (31, 30, 29, 29, 28, 28):
-        m.observe(rows, 0.166, rows=rows)
+    for rows in (31, 30, 29, 29, 28, 28, 24, 20, 16, 12, 8, 4):
+        m.observe(rows, 0.166 * (0.5 + rows / 64), rows=rows)
     for t in (0.112, 0.101, 0.102):
         m.observe(32, t, rows=32)
     assert m.step_time(32) == pytest.approx(0.102)
@@ -892,12 +896,17 @@ def test_isotonic_drops_an_old_point_only_when_it_is_the_slower_one():
     # much slower than a size of more tokens measured after it: left out at once
     xs, _ = _isotonic([(1.0, 3.2, 3.0, 10), (32.0, 0.15, 3.0, 25)], 32)
     assert xs == [32.0]
-    # more than 10% slower (the previous batch's longer contexts): left out at once
-    xs, ys = _isotonic([(29.0, 0.166, 5.0, 10), (32.0, 0.104, 3.0, 14)], 32)
+    # the plain curve (shift 1.1, close 4): more than 10% slower than a size of more
+    # tokens measured over 4 steps later (the previous batch's longer contexts): left out
+    xs, ys = _isotonic([(29.0, 0.166, 5.0, 10), (32.0, 0.104, 3.0, 20)], 32, 1.1, 4)
     assert xs == [32.0]
-    # within 10% and recent: noise between neighbouring sizes, pooled
-    xs, ys = _isotonic([(8.0, 0.105, 3.0, 10), (9.0, 0.10, 3.0, 25)], 32)
-    assert len(xs) == 1 and ys[0] == pytest.approx(0.1025)
+    # ... but pooled when the two were measured within 4 steps (rows alternating between
+    # two sizes: noise), when they are within 10%, and on the verified curve (2x)
+    for points, shift, close in (([(29.0, 0.115, 3.0, 19), (32.0, 0.102, 3.0, 20)], 1.1, 4),
+                                 ([(8.0, 0.105, 3.0, 10), (9.0, 0.10, 3.0, 25)], 1.1, 4),
+                                 ([(29.0, 0.166, 5.0, 10), (32.0, 0.104, 3.0, 20)], 2.0, 0)):
+        xs, ys = _isotonic(points, 32, shift, close)
+        assert len(xs) == 1, points
     # an old fast size next to a newer slow one (interference only slows): pooled
     xs, ys = _isotonic([(2.0, 0.30, 20.0, 100), (9.0, 0.14, 3.0, 50)], 32)
     assert len(xs) == 1 and 0.14 < ys[0] < 0.30

@@ -29,7 +29,9 @@ def test_a_new_batch_meets_the_previous_batch_prices():
     assert cell["plain"]["first_error"] == pytest.approx(0.6)  # priced 160 ms, took 100
     assert 0.0 < cell["plain"]["mean_error"] < cell["plain"]["first_error"]
     assert cell["verified"]["steps"] == 3 and cell["threshold"] > 0.0
-    assert warm["verified"] == {"steps": 0, "mean_error": None, "first_error": None}
+    assert cell["plain"]["mean_abs_error"] == pytest.approx(cell["plain"]["mean_error"])
+    assert warm["verified"] == {"steps": 0, "mean_error": None, "mean_abs_error": None,
+                                "first_error": None}
 
 
 def test_small_rows_and_steps_with_a_prefill_are_not_scored():
@@ -44,9 +46,15 @@ def test_main_prints_a_table_writes_json_and_numbers_repeated_runs(tmp_path, cap
     path = tmp_path / "b32.suffix.1.jsonl"
     lines = ([{"mark": "cell"}] + [step(32, 100.0)] * 4) * 2
     path.write_text("\n".join(map(json.dumps, lines)) + "\n")
-    out = tmp_path / "r.json"
+    out = tmp_path / "new" / "r.json"
     assert price_replay.main([str(path), "--json", str(out)]) == 0
-    assert "| cell (2) | 4 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert printed.startswith("cost model of ") and "| cell (2) | 4 |" in printed
     assert list(json.loads(out.read_text())[str(path)]) == ["cell", "cell (2)"]
-    with pytest.raises(SystemExit):
-        price_replay.main([str(path), "--first", "0"])
+    marks_only = tmp_path / "marks.jsonl"
+    marks_only.write_text(json.dumps({"mark": "cell"}) + "\n")
+    assert price_replay.main([str(marks_only)]) == 0
+    assert "no timed decode steps" in capsys.readouterr().out
+    for bad in (["--first", "0"], ["--margin", "0.5"], ["--verified-scale", "-1"]):
+        with pytest.raises(SystemExit):
+            price_replay.main([str(path), *bad])

@@ -289,12 +289,13 @@ class DraftLengthController:
 #: identical steps stays within ~10%
 PLAIN_STALE_RATIO = 1.25
 
-#: a curve's point more than this many times slower than a point of more tokens observed
-#: after it is left out of the curve (:func:`_isotonic`), and a plain group whose
-#: ``min_samples`` latest steps in a row all read more than this factor off its time, on
-#: one side, restarts from their median (:class:`_StepGroup`): noise between identical
-#: steps stays within ~10%, while a new batch's contexts move every step time by 15-40%
-#: (the e2e benchmark's batch-32 cells after the warm-up's longer copy prompts)
+#: a plain curve's point more than this many times slower than a point of more tokens
+#: observed more than ``pair_gap`` steps after it is left out of the curve
+#: (:func:`_isotonic`), and a plain group whose ``min_samples`` latest steps in a row all
+#: read more than this factor faster than its time restarts from their median
+#: (:class:`_StepGroup`): a new batch's shorter contexts made every step 15-40% faster (the
+#: e2e benchmark's batch-32 cells after the warm-up's longer copy prompts), while noise
+#: mostly slows single steps (slower steps keep the 2x rule: interference only slows)
 LEVEL_SHIFT_RATIO = 1.1
 
 
@@ -429,7 +430,8 @@ class StepCostModel:
     factor 2 of the group's mean, moves a running mean of its ``n`` and time (weight
     ``smoothing``, or ``plain_smoothing`` for plain steps, so the curve follows drift);
     ``min_samples`` steps in a row off the mean on one side, by more than 2x (a plain
-    group: :data:`LEVEL_SHIFT_RATIO`), restart the group from their median. Each
+    group's faster steps: :data:`LEVEL_SHIFT_RATIO`), restart the group from their median.
+    Each
     curve goes through its groups' means,
     sorted by ``n`` and made non-decreasing by pooling neighbours that break the order
     (isotonic regression, weighted by samples; an older point that a newer one of more
@@ -833,7 +835,8 @@ class StepCostModel:
                                 for (_, verified), g in self._groups.items()
                                 if verified == kind and g.ready
                                 and self._steps - g.last < self.stale_steps)
-                xs, ys = _isotonic(points, self.explore_every)
+                xs, ys = _isotonic(points, self.explore_every,
+                                   *((2.0, 0) if kind else (LEVEL_SHIFT_RATIO, self.pair_gap)))
                 level = self._verified_level if kind else 1.0
                 self._curves[kind] = (xs, [level * y for y in ys])
         return self._curves[speculative]
@@ -978,7 +981,7 @@ class _StepGroup:
         self.count = self.last = 0
         self.started = 0  # the step whose median set ``t`` last (first ready, restarts)
         self.first: list[tuple[float, float]] = []  # the first steps, until ready
-        # the latest steps in a row outside [t/2, 2t], all on one side
+        # the latest steps in a row outside [t/shift, 2t] (see add), all on one side
         self.outliers: list[tuple[float, float]] = []
         self.recent: list[float] = []  # the last steps' (clamped) times, for median_of
         # a plain group's steps since it came back from a stale gap (None: not collecting)
@@ -1002,9 +1005,10 @@ class _StepGroup:
         following its running mean meanwhile, when ``resume`` (plain groups: their steps
         come often); otherwise from a step more than 2x faster at once (verified groups
         are measured rarely; interference only slows steps, so a slow one needs
-        ``min_samples`` in a row). ``shift`` (> 1): ``min_samples`` steps in a row more
-        than this factor off the group's time, on one side, restart it from their median
-        (the time has moved). ``median_of``: the running mean takes the median of
+        ``min_samples`` in a row). ``shift`` (in (1, 2]): ``min_samples`` steps in a row
+        more than this factor faster than the group's time, or all more than 2x slower,
+        restart it from their median (the time has moved; interference only slows
+        steps, so a slow run needs 2x). ``median_of``: the running mean takes the median of
         the last that many steps' times (3: one stalled step moves it not at all, a new
         level from its second step)."""
         stale = stale_gap is not None and step - self.last > stale_gap
@@ -1023,7 +1027,7 @@ class _StepGroup:
             if len(self.resume) == min_samples:
                 self._restart_from(self.resume, step, min_samples)
                 return
-        if self.t / shift <= seconds <= shift * self.t:
+        if self.t / shift <= seconds <= 2.0 * self.t:
             self.outliers = []
         elif stale and seconds < self.t:  # a faster step after a while: trust it
             self._restart_from([(seconds, tokens)], step, min_samples)
@@ -1061,25 +1065,28 @@ class _StepGroup:
         self.n = sum(n for _, n in steps) / len(steps)
 
 
-def _isotonic(points: list[tuple[float, float, float, int]],
-              stale_gap: int) -> tuple[list[float], list[float]]:
+def _isotonic(points: list[tuple[float, float, float, int]], stale_gap: int,
+              shift: float = 2.0, close: int = 0) -> tuple[list[float], list[float]]:
     """Non-decreasing fit of ``(x, y, weight, last observed step)`` points sorted by x
     (pool adjacent violators): returns the pooled blocks' weighted mean ``(xs, ys)``.
 
     A point slower than one of more tokens observed more than ``stale_gap`` steps after it
-    is left out first instead of pooled, and so is one more than
-    :data:`LEVEL_SHIFT_RATIO` times slower than one of more tokens observed at any later
-    step: a size measured slow during an engine's first steps (other engines starting on
-    a 2-core CPU: 0.4-0.5 s verified steps, later 0.14 s; one-token plain steps at 1-4 s,
-    then 32-token ones at 0.15 s) or in a batch with longer contexts, and not run at
-    since, must not hold the curve above what newer steps measured. Pooled instead, the
-    e2e benchmark's batch-32 ``P(32)`` read 137-168 ms for the first 30 steps of a cell
-    whose plain steps took 97-119 ms: its 32-row steps were pooled with the warm-up
-    batch's last 27-31-row steps (~166 ms, longer contexts; decision log replayed,
-    2026-12-07), and drafts were priced 30% too cheap. The older point of an
-    out-of-order pair is dropped only when it is the slower one (interference only slows
-    steps): a newer slow point at fewer tokens is pooled, and so are points within
-    :data:`LEVEL_SHIFT_RATIO` of each other (noise between neighbouring sizes).
+    is left out first instead of pooled, and so is one more than ``shift`` times slower
+    than one of more tokens observed more than ``close`` steps after it (the plain curve:
+    :data:`LEVEL_SHIFT_RATIO` and ``pair_gap`` steps; the verified one, whose steps are
+    few and noisy: 2x and any later step): a size measured slow during an engine's first
+    steps (other engines starting on a 2-core CPU: 0.4-0.5 s verified steps, later 0.14 s;
+    one-token plain steps at 1-4 s, then 32-token ones at 0.15 s) or in a batch with
+    longer contexts, and not run at since, must not hold the curve above what newer steps
+    measured. Pooled instead, the e2e benchmark's batch-32 ``P(32)`` read 137-168 ms for
+    the first 30 steps of a cell whose plain steps took 97-119 ms: its 32-row steps were
+    pooled with the warm-up batch's last 27-31-row steps (~166 ms, longer contexts;
+    decision log replayed, 2026-12-07), and drafts were priced up to 30% too cheap. The
+    older point of an out-of-order pair is dropped only when it is the slower one
+    (interference only slows steps): a newer slow point at fewer tokens is pooled, and so
+    are points within ``shift`` of each other or observed within ``close`` steps of each
+    other (noise between neighbouring sizes, e.g. a batch whose rows alternate between
+    two sizes: dropped, each would drop the other in turn).
 
     Likewise a point whose time per token is more than 2x that of one of fewer tokens
     observed later: a step's time per token does not grow with its tokens (a fixed cost
@@ -1088,8 +1095,8 @@ def _isotonic(points: list[tuple[float, float, float, int]],
     kept that size's start-up price for ``stale_steps`` steps, since no later step
     reached that many tokens."""
     kept = [p for p in points if not any(q[3] > p[3] and (
-        q[1] * (1 if q[3] - p[3] > stale_gap else LEVEL_SHIFT_RATIO) < p[1] if q[0] > p[0]
-        else 2 * q[1] * p[0] < p[1] * q[0]) for q in points)]
+        q[1] * (1 if q[3] - p[3] > stale_gap else shift if q[3] - p[3] > close else 2) < p[1]
+        if q[0] > p[0] else 2 * q[1] * p[0] < p[1] * q[0]) for q in points)]
     blocks: list[list[float]] = []  # [sum w·x, sum w·y, sum w]
     for x, y, w, _ in kept:
         blocks.append([w * x, w * y, w])
