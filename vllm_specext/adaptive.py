@@ -431,13 +431,11 @@ class StepCostModel:
     ``smoothing``, or ``plain_smoothing`` for plain steps, so the curve follows drift);
     ``min_samples`` steps in a row off the mean on one side, by more than 2x (a plain
     group's faster steps: :data:`LEVEL_SHIFT_RATIO`), restart the group from their median.
-    Each
-    curve goes through its groups' means,
-    sorted by ``n`` and made non-decreasing by pooling neighbours that break the order
-    (isotonic regression, weighted by samples; an older point that a newer one of more
-    tokens outruns is left out instead, see :func:`_isotonic`). No shape is assumed: on a 2-core CPU
-    (fp32 SmolLM2-135M) a batch-8 step was 40 ms flat from 1 to 9 tokens, then rose
-    ~2.9 ms per token; on a GPU a step stays nearly flat until the batch becomes
+    Each curve goes through its groups' means, sorted by ``n`` and made non-decreasing by
+    pooling neighbours that break the order (isotonic regression, weighted by samples; an
+    older point that a newer one of more tokens outruns is left out instead, see
+    :func:`_isotonic`). No shape is assumed: on a 2-core CPU (fp32 SmolLM2-135M) a batch-8
+    step was 40 ms flat from 1 to 9 tokens, then rose ~2.9 ms per token; on a GPU a step stays nearly flat until the batch becomes
     compute-bound. A straight-line fit over all steps priced draft tokens at the slope of
     the batch's shrinking tail (1-32 tokens) instead of the token counts drafting runs at.
 
