@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -103,17 +104,25 @@ def read_log(path: str) -> list[dict]:
     return lines
 
 
+def read_logs(paths: list[str],
+              ap: argparse.ArgumentParser) -> Iterator[tuple[str, list[dict]]]:
+    """``(path, lines)`` of each log (:func:`read_log`), in order; a file that cannot be
+    read is a usage error of ``ap`` (it exits)."""
+    for path in paths:
+        try:
+            lines = read_log(path)
+        except OSError as err:
+            ap.error(f"cannot read {path}: {err.strerror or err}")
+        yield path, lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("logs", nargs="+", help="decision-log files (*.jsonl)")
     ap.add_argument("--json", help="also write the summaries to this JSON file")
     args = ap.parse_args(argv)
     result = {}
-    for path in args.logs:
-        try:
-            lines = read_log(path)
-        except OSError as err:
-            ap.error(f"cannot read {path}: {err.strerror or err}")
+    for path, lines in read_logs(args.logs, ap):
         result[path] = {}
         for label, steps in runs(lines):
             result[path][label] = summarize(steps)

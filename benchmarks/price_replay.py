@@ -36,7 +36,7 @@ import json
 import statistics
 from pathlib import Path
 
-from decision_log import read_log, runs
+from decision_log import read_logs, runs
 
 import vllm_specext
 from vllm_specext.adaptive import StepCostModel
@@ -131,11 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(err))
     print(f"cost model of {Path(vllm_specext.__file__).parent}\n")
     result = {}
-    for path in args.logs:
-        try:
-            lines = read_log(path)
-        except OSError as err:
-            ap.error(f"cannot read {path}: {err.strerror or err}")
+    for path, lines in read_logs(args.logs, ap):
         result[path] = replay(lines, args.min_rows, args.first, args.margin,
                               args.verified_scale)
         print(table(Path(path).name, result[path], args.first) + "\n")
