@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--batch, --steps, --batches and --flush-mib must be >= 1")
     methods = [m for m in args.methods.split(",") if m]
     for method in methods:  # a bad method or k fails here, before anything is measured
-        validate_config({"method": method, "num_speculative_tokens": args.num_speculative_tokens})
+        validate_config({"method": method,
+                         "num_speculative_tokens": args.num_speculative_tokens})
     requests = load_requests(default_model_path(), (args.batches + 1) * args.batch,
                              2 * args.steps)
     flush = np.ones(args.flush_mib << 18, dtype=np.float32)

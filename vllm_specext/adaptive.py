@@ -423,21 +423,22 @@ class StepCostModel:
     verified drafts (the speculative path has its own fixed cost: spec-decode metadata,
     the rejection sampler).
 
-    Steps are grouped by ``n`` into log-spaced buckets (``buckets_per_octave`` per
-    doubling) and by kind. A group counts once it has ``min_samples`` steps, starting from
-    their median time (a garbage-collection pause or another process's burst in one step
-    must not price a batch size for good); after that each step, clamped to within a
-    factor 2 of the group's mean, moves a running mean of its ``n`` and time (weight
-    ``smoothing``, or ``plain_smoothing`` for plain steps, so the curve follows drift);
-    ``min_samples`` steps in a row off the mean on one side, by more than 2x (a plain
-    group's faster steps: :data:`LEVEL_SHIFT_RATIO`), restart the group from their median.
-    Each curve goes through its groups' means, sorted by ``n`` and made non-decreasing by
-    pooling neighbours that break the order (isotonic regression, weighted by samples; an
-    older point that a newer one of more tokens outruns is left out instead, see
-    :func:`_isotonic`). No shape is assumed: on a 2-core CPU (fp32 SmolLM2-135M) a batch-8
-    step was 40 ms flat from 1 to 9 tokens, then rose ~2.9 ms per token; on a GPU a step stays nearly flat until the batch becomes
-    compute-bound. A straight-line fit over all steps priced draft tokens at the slope of
-    the batch's shrinking tail (1-32 tokens) instead of the token counts drafting runs at.
+    Steps are grouped by ``n`` into log-spaced buckets (``buckets_per_octave`` per doubling)
+    and by kind. A group counts once it has ``min_samples`` steps, starting from their
+    median time (a garbage-collection pause or another process's burst in one step must not
+    price a batch size for good); after that each step, clamped to within a factor 2 of the
+    group's mean, moves a running mean of its ``n`` and time (weight ``smoothing``, or
+    ``plain_smoothing`` for plain steps, so the curve follows drift); ``min_samples`` steps
+    in a row off the mean on one side, by more than 2x (a plain group's faster steps:
+    :data:`LEVEL_SHIFT_RATIO`), restart the group from their median. Each curve goes through
+    its groups' means, sorted by ``n`` and made non-decreasing by pooling neighbours that
+    break the order (isotonic regression, weighted by samples; an older point that a newer
+    one of more tokens outruns is left out instead, see :func:`_isotonic`). No shape is
+    assumed: on a 2-core CPU (fp32 SmolLM2-135M) a batch-8 step was 40 ms flat from 1 to 9
+    tokens, then rose ~2.9 ms per token; on a GPU a step stays nearly flat until the batch
+    becomes compute-bound. A straight-line fit over all steps priced draft tokens at the
+    slope of the batch's shrinking tail (1-32 tokens) instead of the token counts drafting
+    runs at.
 
     Beyond a curve's largest token count it is extrapolated with ``explore`` x the slope
     of its top octave: optimism, so that a batch that never drafted at that size tries it
