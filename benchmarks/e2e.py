@@ -32,7 +32,8 @@ its group (``vs_reference``): a comparison with vLLM's own method on the same en
 (``suffix``, ``memory_decoding``) never sees a prompt's output before it is timed: the
 workloads run once per engine, and the batch sizes reuse the same prompts in other
 engines.
-``--rounds`` repeats the whole cycle with fresh engines. A batch-B cell is a closed batch:
+``--rounds`` repeats the whole cycle with fresh engines, each round starting and
+interleaving a group's engines in another order (:func:`round_order`). A batch-B cell is a closed batch:
 its last requests decode in a shrinking batch while the others are done. ``--slots``
 measures what a loaded server sees instead: each engine runs at most B requests at once
 (vLLM's ``max_num_seqs``) and a cell is B x ``--batch-units`` prompts in one
@@ -200,6 +201,18 @@ def engine_groups(configs: list[str], engines_at_once: int,
     return [[*fixed, *others[g::count]] for g in range(count)]
 
 
+def round_order(group: list[str], rnd: int) -> list[str]:
+    """The order in which round ``rnd`` starts, warms up and gives turns to ``group``'s
+    engines: the group rotated by ``rnd``, its turn order reversed after the first engine
+    on odd rounds. Over ``len(group)`` rounds every engine is started first once, and an
+    engine's neighbours in the turns change, so that no configuration, ``none`` above
+    all, holds one place in every round (session 36: started first, an engine's forward
+    pass read 1.5-2.5% faster than an identical engine's)."""
+    shift = rnd % len(group)
+    order = group[shift:] + group[:shift]
+    return order if rnd % 2 == 0 else order[:1] + order[:0:-1]
+
+
 #: the golden ratio's fractional part: prompt ``i``'s length offset is spread evenly
 #: over [-1, 1) by ``frac((i + 1) * GOLDEN)`` (a low-discrepancy sequence)
 GOLDEN = 0.6180339887498949
@@ -284,8 +297,9 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                   slots: bool = False, length_spread: float = 0.0,
                   phase_times: bool = False) -> tuple[list[dict], list[dict]]:
     """Run every (round, batch size, group of configurations) with the group's engines
-    alive at once (fresh engines per round and batch size), interleaved unit by unit, or
-    ``slices`` seconds of engine time at a time (see :func:`_run_group`); ``reference``:
+    alive at once (fresh engines per round and batch size, started and interleaved in
+    :func:`round_order`), unit by unit, or ``slices`` seconds of engine time at a time
+    (see :func:`_run_group`); ``reference``:
     see :func:`engine_groups`; ``slots``, ``length_spread``: see :func:`units`
     (``slots``: each engine runs at most ``batch`` requests at once, vLLM's
     ``max_num_seqs``); ``phase_times`` (with ``slices``): each step-log entry also holds
@@ -298,7 +312,8 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
     Returns:
         ``(runs, errors)``: one run per (round, batch, config, workload) with the cell's
         metrics (``tokens_per_s``, ``ttft_s``/``tpot_s`` lists in seconds, ``tau``,
-        ``mean_acceptance_length``, draft counters, ``token_ids``) and the paired ``none``
+        ``mean_acceptance_length``, draft counters, ``token_ids``), its group and the
+        round's ``engine_order``, and the paired ``none``
         of its group (``base_tokens_per_s``, ``base_ttft_s``, ``base_token_ids``) and, with a
         reference, the reference's tok/s in the group (``ref_tokens_per_s``); one error
         per failed group (``{"round", "batch", "config", "error"}``, config = the group).
@@ -307,9 +322,10 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
     for rnd in range(rounds):
         for batch in batch_sizes:
             for group in engine_groups(list(configs), engines_at_once, reference):
-                label = f"round {rnd} batch {batch:>2} {'+'.join(group)}"
+                order = round_order(group, rnd)
+                label = f"round {rnd} batch {batch:>2} {'+'.join(order)}"
                 start = time.perf_counter()
-                cells = _run_group_with_retry(label, group, configs, workloads, batch,
+                cells = _run_group_with_retry(label, order, configs, workloads, batch,
                                               batch1_prompts, max_tokens, dtype, timeout,
                                               kv_cache_gib, slices, batch_units, slots,
                                               length_spread, phase_times)
@@ -325,7 +341,7 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
                         "ref_tokens_per_s": cells[(reference, w)]["tokens_per_s"]}
                     for name in group:
                         runs.append({"round": rnd, "batch": batch, "config": name,
-                                     "workload": w, "group": group,
+                                     "workload": w, "group": group, "engine_order": order,
                                      "base_tokens_per_s": base["tokens_per_s"],
                                      "base_ttft_s": base["ttft_s"],
                                      "base_token_ids": base["token_ids"],

@@ -234,3 +234,13 @@ def test_with_the_control_each_ratio_is_also_paired_with_both_nones(e2e):
     assert rows[e2e.CONTROL]["vs_both_nones"] == pytest.approx(0.9)  # sqrt(81 / 100)
     assert rows["b"]["vs_both_nones"] is None  # its group ran no control
     assert "1.00×" in e2e.speedup_table(list(rows.values()), "vs_both_nones")
+
+
+def test_rounds_start_every_engine_first_once_and_change_its_neighbours(e2e):
+    group = ["none", "a", "b", "c"]
+    orders = [e2e.round_order(group, r) for r in range(4)]
+    assert orders[0] == group
+    assert all(sorted(o) == sorted(group) for o in orders)
+    assert sorted(o[0] for o in orders) == sorted(group)  # each engine started first once
+    assert {o[(o.index("none") + 1) % 4] for o in orders} == {"a", "c"}  # who follows none
+    assert e2e.round_order(["none", "a"], 1) == ["a", "none"]
