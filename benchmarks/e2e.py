@@ -33,8 +33,9 @@ its group (``vs_reference``): a comparison with vLLM's own method on the same en
 workloads run once per engine, and the batch sizes reuse the same prompts in other
 engines.
 ``--rounds`` repeats the whole cycle with fresh engines, each round starting and
-interleaving a group's engines in another order (:func:`round_order`). A batch-B cell is a closed batch:
-its last requests decode in a shrinking batch while the others are done. ``--slots``
+interleaving a group's engines in another order (:func:`round_order`). A batch-B cell is a
+closed batch: its last requests decode in a shrinking batch while the others are done.
+``--slots``
 measures what a loaded server sees instead: each engine runs at most B requests at once
 (vLLM's ``max_num_seqs``) and a cell is B x ``--batch-units`` prompts in one
 ``generate()`` (with ``--slices``: all added at once), so a finished request's slot takes
@@ -204,10 +205,13 @@ def engine_groups(configs: list[str], engines_at_once: int,
 def round_order(group: list[str], rnd: int) -> list[str]:
     """The order in which round ``rnd`` starts, warms up and gives turns to ``group``'s
     engines: the group rotated by ``rnd``, its turn order reversed after the first engine
-    on odd rounds. Over ``len(group)`` rounds every engine is started first once, and an
-    engine's neighbours in the turns change, so that no configuration, ``none`` above
-    all, holds one place in every round (session 36: started first, an engine's forward
-    pass read 1.5-2.5% faster than an identical engine's)."""
+    on odd rounds. Over ``len(group)`` rounds every engine is started first once, and on
+    odd rounds the engine that took its turn just before another's takes it just after
+    (its two neighbours in the turn cycle stay the same), so that no configuration,
+    ``none`` above all, holds one place in every round: identical engines have read a few
+    percent apart by their place (the first-started one slower in one run, faster in
+    another; benchmarks/README.md, session 39), and a fixed place puts that into every
+    ratio, where rotating it makes it spread that rounds average."""
     shift = rnd % len(group)
     order = group[shift:] + group[:shift]
     return order if rnd % 2 == 0 else order[:1] + order[:0:-1]
@@ -299,11 +303,10 @@ def run_benchmark(configs: dict[str, dict | None], workloads: list[str],
     """Run every (round, batch size, group of configurations) with the group's engines
     alive at once (fresh engines per round and batch size, started and interleaved in
     :func:`round_order`), unit by unit, or ``slices`` seconds of engine time at a time
-    (see :func:`_run_group`); ``reference``:
-    see :func:`engine_groups`; ``slots``, ``length_spread``: see :func:`units`
-    (``slots``: each engine runs at most ``batch`` requests at once, vLLM's
-    ``max_num_seqs``); ``phase_times`` (with ``slices``): each step-log entry also holds
-    the step's seconds per model-runner phase
+    (see :func:`_run_group`); ``reference``: see :func:`engine_groups`; ``slots``,
+    ``length_spread``: see :func:`units` (``slots``: each engine runs at most ``batch``
+    requests at once, vLLM's ``max_num_seqs``); ``phase_times`` (with ``slices``): each
+    step-log entry also holds the step's seconds per model-runner phase
     (:func:`~vllm_specext.phase_times.time_phases`).
 
     ``on_group(runs, errors)`` is called after every group with the results so far (the
