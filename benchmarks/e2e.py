@@ -210,8 +210,8 @@ def round_order(group: list[str], rnd: int) -> list[str]:
     (its two neighbours in the turn cycle stay the same), so that no configuration,
     ``none`` above all, holds one place in every round: identical engines have read a few
     percent apart by their place (the first-started one slower in one run, faster in
-    another; benchmarks/README.md, session 39), and a fixed place puts that into every
-    ratio, where rotating it makes it spread that rounds average."""
+    another; benchmarks/README.md, session 39): held by one engine every round, a place's
+    effect enters every ratio; rotated, it becomes spread that rounds average."""
     shift = rnd % len(group)
     order = group[shift:] + group[:shift]
     return order if rnd % 2 == 0 else order[:1] + order[:0:-1]
