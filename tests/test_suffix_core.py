@@ -204,6 +204,7 @@ def run_schedule(p, ops, check_every_step=True):
             if op == "finish" and cap != 0:
                 cached = (cached + [out])[-cap:] if cap > 0 else cached + [out]
         if check_every_step or op != "update":
+            p.index_pending()  # update only stores tokens; drafting or finishing indexes
             g = p.global_cache
             live = cached + list(outputs.values()) if cap != 0 else []
             assert tree_contents(g.tree, g.arena, g.seqs) == dict(substring_counts(live, depth))
@@ -243,6 +244,7 @@ def test_chain_draft_matches_reference(ops, depth, k, factor, min_prob, cap):
             del prompts[rid]
             if op == "finish" and cap != 0:
                 cached = (cached + [out])[-cap:] if cap > 0 else cached + [out]
+        p.index_pending()  # the reference drafts from every output so far
         for r in prompts:
             glob = cached + list(outputs.values()) if cap != 0 else []
             own = len(outputs[r]) if cap != 0 else 0
@@ -359,6 +361,33 @@ def test_cap_holds_after_10000_requests():
     assert peak_nodes <= 2 * 5 * cap + 1  # a suffix tree has < 2 nodes per token
     assert peak_arena <= 64 * 5 * cap  # removed outputs' tokens are reclaimed
     assert len(g.seqs) <= 8 * cap
+
+
+def test_committed_tokens_are_indexed_when_drafted_for_or_finished():
+    """``update`` stores tokens only; a request's tokens enter its tree and the global tree
+    when it is drafted for (a cap above 0), all pending steps at once, or when it finishes;
+    an abort drops them. Drafts equal those of a proposer indexed after every update."""
+    lazy, eager = SuffixProposer(4, 8, -1), SuffixProposer(4, 8, -1)
+    for p in (lazy, eager):
+        p.start_request("a", [1, 2, 3])
+        p.start_request("idle", [9])
+    g = lazy.global_cache
+    steps = [[4], [1, 2], [3], [4, 1]]
+    for new in steps:
+        for p in (lazy, eager):
+            p.update("a", new)
+            p.update("idle", new)
+        eager.index_pending()
+        assert lazy.propose(["a", "idle"], [4, 0]) == eager.propose(["a", "idle"], [4, 0])
+        assert lazy._reqs["idle"].tree.num_nodes == 2  # root and the prompt's one token
+    output = sum(steps, [])
+    assert tree_contents(g.tree, g.arena, g.seqs) == dict(substring_counts([output], 8))
+    lazy.stop_request("idle", finished=True)  # its whole output is cached
+    assert tree_contents(g.tree, g.arena, g.seqs) == dict(substring_counts([output] * 2, 8))
+    lazy.update("a", [2, 3])
+    lazy.stop_request("a", finished=False)  # aborted: nothing of it stays, pending or not
+    assert tree_contents(g.tree, g.arena, g.seqs) == dict(substring_counts([output], 8))
+    assert not lazy._unindexed
 
 
 def test_abort_and_preempt_leave_no_trace():

@@ -341,6 +341,8 @@ def shown_drafts(controller: DraftLengthController, cost_model: StepCostModel,
         return controller.trim(req_ids, drafts, fixed_threshold, kinds)
     full = drafts
     draft_tokens = sum(map(len, drafts))
+    if not draft_tokens:  # nothing to show, explore or time
+        return controller.withhold(req_ids)
     threshold = cost_model.threshold(rows, draft_tokens)
     weights = ([1.0] * len(drafts) if remaining is None else cost_model.token_weights(
         rows, draft_tokens, last_finisher_shares(remaining, controller.k)))

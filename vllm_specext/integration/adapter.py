@@ -302,37 +302,37 @@ class SpecExtProposer:
         ``max_tokens`` for it, or where vLLM set it to fill the model length (a budget no
         one chose, which the ``max_model_len`` cap already covers)."""
         requests = getattr(self.runner, "requests", None) or {}
-        prompt_lens = self.runner.input_batch.num_prompt_tokens
+        rows = len(req_ids)
+        prompt_lens = self.runner.input_batch.num_prompt_tokens[:rows].tolist()
+        lengths = num_tokens[:rows].tolist()
         left = []
-        for i, rid in enumerate(req_ids):
+        for rid, prompt_len, length in zip(req_ids, prompt_lens, lengths):
             params = getattr(requests.get(rid), "sampling_params", None)
             max_tokens = getattr(params, "max_tokens", None)
-            if max_tokens is None or int(prompt_lens[i]) + max_tokens >= self.max_model_len:
+            if max_tokens is None or prompt_len + max_tokens >= self.max_model_len:
                 left.append(None)
             else:
-                output = int(num_tokens[i]) - int(prompt_lens[i])
-                left.append(max(0, int(max_tokens) - output - 1))
+                left.append(max(0, int(max_tokens) - (length - prompt_len) - 1))
         return left
 
     def _sync(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]],
               num_tokens: np.ndarray, token_ids: np.ndarray) -> list[int]:
         """Bring the core proposer in line with the batch; returns per-row draft caps."""
-        prompt_lens = self.runner.input_batch.num_prompt_tokens
-        p = self.proposer
+        rows = len(req_ids)
+        prompt_lens = self.runner.input_batch.num_prompt_tokens[:rows].tolist()
+        p, controller, buffers = self.proposer, self.controller, self.proposer.tokens
         caps = []
-        for i, rid in enumerate(req_ids):
-            n = int(num_tokens[i])
-            new = sampled[i]
-            buf = p.tokens.get(rid)
+        for i, (rid, n, new) in enumerate(zip(req_ids, num_tokens[:rows].tolist(), sampled)):
+            buf = buffers.get(rid)
             if buf is not None and len(buf) + len(new) == n:
                 p.update(rid, new)
-                if self.controller is not None:
-                    self.controller.observe(rid, new)
+                if controller is not None:
+                    controller.observe(rid, new)
             elif buf is None or len(buf) != n:
                 # first sight, or lengths disagree (preempted/resumed, id reuse): resync
-                n_prompt = min(int(prompt_lens[i]), n)
-                if self.controller is not None:  # its pending drafts follow other tokens
-                    self.controller.forget(rid)
+                n_prompt = min(prompt_lens[i], n)
+                if controller is not None:  # its pending drafts follow other tokens
+                    controller.forget(rid)
                 p.start_request(rid, token_ids[i, :n_prompt])
                 p.update(rid, token_ids[i, n_prompt:n])
             # a row that did not decode (partial prefill) gets no draft

@@ -38,7 +38,11 @@ class TokenBuffer:
     (valid until the next append).
     """
 
-    __slots__ = ("_data", "_len")
+    __slots__ = ("_data", "_len", "_mv")
+
+    #: appends of at most this many tokens are stored one by one through a memoryview
+    #: (about 0.03 us a token; a numpy slice assignment from a list costs about 0.3 us)
+    SHORT_APPEND = 8
 
     def __init__(self, tokens: Iterable[int] = (), capacity: int = 256):
         arr = np.asarray(list(tokens) if not isinstance(tokens, np.ndarray) else tokens,
@@ -46,15 +50,24 @@ class TokenBuffer:
         self._data = np.empty(max(capacity, 2 * len(arr), 16), dtype=np.int32)
         self._data[: len(arr)] = arr
         self._len = len(arr)
+        self._mv = memoryview(self._data)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append ``tokens`` (any int sequence); grows the storage geometrically."""
         n = len(tokens)
-        if self._len + n > len(self._data):
-            grown = np.empty(max(2 * len(self._data), self._len + n), dtype=np.int32)
-            grown[: self._len] = self._data[: self._len]
+        i = self._len
+        if i + n > len(self._data):
+            grown = np.empty(max(2 * len(self._data), i + n), dtype=np.int32)
+            grown[:i] = self._data[:i]
             self._data = grown
-        self._data[self._len: self._len + n] = tokens
+            self._mv = memoryview(grown)
+        if n > self.SHORT_APPEND:
+            self._data[i: i + n] = tokens
+        else:
+            mv = self._mv
+            for t in tokens:
+                mv[i] = t
+                i += 1
         self._len += n
 
     def view(self) -> np.ndarray:
