@@ -366,7 +366,8 @@ def test_cap_holds_after_10000_requests():
 def test_committed_tokens_are_indexed_when_drafted_for_or_finished():
     """``update`` stores tokens only; a request's tokens enter its tree and the global tree
     when it is drafted for (a cap above 0), all pending steps at once, or when it finishes;
-    an abort drops them. Drafts equal those of a proposer indexed after every update."""
+    an abort drops them. The drafts of the requests drafted for equal those of a proposer
+    indexed after every update."""
     lazy, eager = SuffixProposer(4, 8, -1), SuffixProposer(4, 8, -1)
     for p in (lazy, eager):
         p.start_request("a", [1, 2, 3])
@@ -388,6 +389,34 @@ def test_committed_tokens_are_indexed_when_drafted_for_or_finished():
     lazy.stop_request("a", finished=False)  # aborted: nothing of it stays, pending or not
     assert tree_contents(g.tree, g.arena, g.seqs) == dict(substring_counts([output], 8))
     assert not lazy._unindexed
+
+
+def test_requests_drafted_in_one_step_see_each_others_new_tokens():
+    """Every request drafted for is indexed before any is drafted, whatever the row order
+    (found by a review: ``b``'s new output was missing from ``a``'s draft)."""
+    p = SuffixProposer(4, 8, -1)
+    p.start_request("a", [1])
+    p.start_request("b", [2])
+    p.propose(["a", "b"])
+    p.update("b", [5, 6, 7, 8, 9, 5, 6, 7])
+    p.update("a", [5, 6])
+    assert p.propose(["a", "b"]) == [[7, 8, 9, 5], [8, 9, 5, 6]]
+
+
+def test_local_weight_learns_at_every_update_whether_indexed_or_not():
+    """The vote of a request's last draft is scored against the next committed token at
+    ``update`` time, also when the request is aborted before it is indexed."""
+    lazy, eager = SuffixProposer(4, 8, -1), SuffixProposer(4, 8, -1)
+    for p in (lazy, eager):
+        p.start_request("g", [0])
+        p.update("g", [1, 3] * 20)
+        p.stop_request("g")
+        p.start_request("r", [9, 1, 2, 5, 1, 2, 5, 1])
+        p.propose(["r"])
+        p.update("r", [2])
+    eager.index_pending()
+    lazy.stop_request("r", finished=False)
+    assert lazy.local_weight == eager.local_weight != 1.0
 
 
 def test_abort_and_preempt_leave_no_trace():

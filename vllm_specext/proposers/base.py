@@ -53,7 +53,8 @@ class TokenBuffer:
         self._mv = memoryview(self._data)
 
     def extend(self, tokens: Sequence[int]) -> None:
-        """Append ``tokens`` (any int sequence); grows the storage geometrically."""
+        """Append ``tokens`` (a sequence of int token ids within int32); grows the storage
+        geometrically."""
         n = len(tokens)
         i = self._len
         if i + n > len(self._data):
