@@ -185,17 +185,6 @@ def test_a_proposer_that_finds_nothing_is_asked_every_step():
     assert [_step(c, "r", [1] * 8, 0.99, [2])[0] for _ in range(4)] == [True, True, True, False]
 
 
-def test_finding_nothing_after_a_withheld_draft_counts_as_idle():
-    """A request whose drafts are withheld is probed whether its proposer finds something
-    or not; once a draft is shown, finding nothing puts it back to every step."""
-    c = DraftLengthController(k=8, idle_steps=2, probe_every=4)
-    assert [_step(c, "r", [1] * 8, 0.99, [2])[0] for _ in range(2)] == [True, True]  # withheld
-    assert [_step(c, "r", [], 0.99, [2])[0] for _ in range(9)] == [
-        True, False, False, False, True, False, False, False, True]
-    assert any(_step(c, "r", [7] * 8, 0.0, [7])[1] for _ in range(4))  # the next probe shows
-    assert all(_step(c, "r", [], 0.99, [2])[0] for _ in range(10))
-
-
 def test_cost_model_follows_a_measured_step_time_curve():
     m = StepCostModel()
     rng = random.Random(0)

@@ -122,7 +122,6 @@ class DraftLengthController:
         self._stats: dict[str, dict[int, list[float]]] = {}  # request -> kind -> stats
         self._full_draft: dict[str, tuple[list[int], int]] = {}  # request -> (draft, kind)
         self._shown: set[str] = set()  # requests whose last draft was shown (in part)
-        self._withheld: set[str] = set()  # requests whose last draft was withheld whole
         self._idle: dict[str, int] = {}  # request -> decode steps in a row with drafts withheld
         # request -> drafts still being compared with committed tokens: (draft, kind, matched)
         self._scoring: dict[str, list[tuple[list[int], int, int]]] = {}
@@ -219,13 +218,8 @@ class DraftLengthController:
         if not committed:
             return
         idle = self._idle.get(req_id, 0)
-        if shown:
-            self._withheld.discard(req_id)
-        elif draft:
-            self._withheld.add(req_id)
-        # asked, found nothing, and its last draft was not withheld: a lost match
-        lost = not draft and self._asks(idle) and req_id not in self._withheld
-        self._idle[req_id] = 0 if shown or lost else idle + 1
+        # idle: the proposer's drafts keep being withheld (not: it was asked, found nothing)
+        self._idle[req_id] = 0 if shown or (self._asks(idle) and not draft) else idle + 1
         scoring = self._scoring.pop(req_id, [])
         if draft:
             scoring.append((draft, kind, 0))
@@ -261,16 +255,12 @@ class DraftLengthController:
             table[3] = table[3] * d2 + further_trials
 
     def proposes(self, req_id: str) -> bool:
-        """Whether to ask the proposer for ``req_id``'s draft this step: always until it
-        has gone ``idle_steps`` decode steps in a row without a shown draft, then every
-        ``probe_every``-th step (its shadow draft is scored and may be shown). A shown
-        draft ends the idle run, and so does a step in which the proposer, asked, finds
-        nothing, unless the request's last draft was withheld: a proposer that just lost
-        a match whose drafts were shown (e.g. an n-gram after an edit) is asked every
-        step, so the match is drafted as soon as it returns, while a request whose
-        drafts are withheld anyway is probed whether its proposer finds something or not
-        (at batch 32 on open chat, half of ``suffix``'s rows had been asked every step,
-        the drafts of most of them withheld).
+        """Whether to ask the proposer for ``req_id``'s draft this step: always until its
+        drafts have been withheld (made but not shown) ``idle_steps`` decode steps in a
+        row, then every ``probe_every``-th step (its shadow draft is scored and may be
+        shown). A step in which the proposer, asked, finds nothing, or a draft is shown,
+        ends the idle run: a proposer that just lost its match (e.g. an n-gram after an
+        edit) is asked every step, so the match is drafted as soon as it returns.
         Drafting costs the proposer's time even when the draft is withheld: 0.1-0.5 ms
         per step at batch 8 on CPU, 0.5-2% of a step, in workloads where speculation
         does not pay."""
@@ -291,7 +281,6 @@ class DraftLengthController:
         for table in (self._stats, self._full_draft, self._idle, self._scoring):
             table.pop(req_id, None)
         self._shown.discard(req_id)
-        self._withheld.discard(req_id)
 
 
 #: a plain group this many times slower than a verified group of at least as many tokens
