@@ -127,7 +127,8 @@ class _Request:
         self.win_traj = np.zeros((0, width), dtype=np.int32)
         self.win_start = 0
         self.draft = np.zeros(0, dtype=np.int32)         # the last draft, at draft_start + j
-        self.draft_traj = np.zeros((0, width), dtype=np.int32)
+        #: the window draft's trajectories; None: horizontal (built when verified)
+        self.draft_traj: np.ndarray | None = None
         self.draft_start = -1
         self.rng = np.random.default_rng(prompt_len)     # deterministic window fills
 
@@ -240,11 +241,14 @@ class LookaheadProposer(Proposer):
             self._looked_up = {}
 
     def _tail(self, req_id: str) -> np.ndarray:
-        """The context's last N-1 tokens, left-padded with -1."""
+        """The context's last N-1 tokens, left-padded with -1 (a read-only use: it may
+        alias the token buffer)."""
         buf = self.tokens[req_id]
+        n = len(buf)
+        if n >= self.width:
+            return buf.view()[n - self.width:]
         out = np.full(self.width, -1, dtype=np.int32)
-        n = min(len(buf), self.width)
-        out[self.width - n:] = buf.view()[len(buf) - n:]
+        out[self.width - n:] = buf.view()
         return out
 
     def _horizontal(self, req_id: str, draft: np.ndarray) -> np.ndarray:
@@ -281,14 +285,13 @@ class LookaheadProposer(Proposer):
             self._buf[:n_ctx] = buf.view()[length - n_ctx:]
             n = draft_chain(self._pools(st), self._buf, n_ctx, self.width, max_tokens,
                             self._info)
+        traj = None  # horizontal: built in observe_targets, if the draft is verified
         if looked_up is not None:
             draft = looked_up[:max_tokens].copy()
-            traj = self._horizontal(req_id, draft)
             self.counts["lookup"] += 1
             self._kind = KIND_PROMPT_LOOKUP
         elif n:
             draft = self._buf[n_ctx:n_ctx + n].copy()
-            traj = self._horizontal(req_id, draft)
             self.counts["pool"] += 1
             # _pools lists three n-gram pools, then the next-token tables
             self._kind = (KIND_POOL_KEY_1 + min(int(self._info[0]), 5) - 1
@@ -333,9 +336,10 @@ class LookaheadProposer(Proposer):
             return
         d = np.asarray(draft[:n], dtype=np.int32)
         t = np.asarray(targets[:n], dtype=np.int32)
-        if n <= len(st.draft) and np.array_equal(st.draft[:n], d):
+        if (st.draft_traj is not None and n <= len(st.draft)
+                and np.array_equal(st.draft[:n], d)):
             traj = st.draft_traj[:n]
-        else:  # not our draft (e.g. trimmed differently): no diagonals to follow
+        else:  # not a window draft, or not ours (e.g. trimmed differently): horizontal
             traj = self._horizontal(req_id, d)
         prev = np.concatenate([self._tail(req_id)[None, :], traj[:n - 1]])
         grams = np.concatenate([prev, t[:, None]], axis=1)
@@ -356,7 +360,8 @@ class LookaheadProposer(Proposer):
 
     def state_nbytes(self) -> int:
         """Token buffers, per-request pools and windows, and the shared pool."""
-        own = sum(st.pool.nbytes + st.win_traj.nbytes + st.draft_traj.nbytes
+        own = sum(st.pool.nbytes + st.win_traj.nbytes
+                  + (0 if st.draft_traj is None else st.draft_traj.nbytes)
                   for st in self._req.values())
         looked = self.lookup.nbytes if self.lookup is not None else 0
         return super().state_nbytes() + own + looked + sum(p.nbytes for p in self.shared)
