@@ -241,8 +241,8 @@ class LookaheadProposer(Proposer):
             self._looked_up = {}
 
     def _tail(self, req_id: str) -> np.ndarray:
-        """The context's last N-1 tokens, left-padded with -1 (a read-only use: it may
-        alias the token buffer)."""
+        """The context's last N-1 tokens, left-padded with -1; it may alias the token
+        buffer, so callers must not write to it."""
         buf = self.tokens[req_id]
         n = len(buf)
         if n >= self.width:
