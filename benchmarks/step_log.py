@@ -27,10 +27,18 @@ preparation, sampling, the drafter's ``propose``, the engine's own work), which 
 the speculative path costs a step that drafts nothing. Steps that verified drafts are
 left to the cell ratio: what they cost is what the adaptive rule chose to pay.
 
+``--account`` (also runs made with ``--phase-times``) prints instead, per run, where its
+cell's time over ``none``'s went, each part as a share of ``none``'s cell time and
+summing to the whole difference: the first step, the excess of its later steps that
+verified no draft and of those that verified drafts (each step against ``none``'s mean
+step with as many unfinished requests, the work such a step does), less the time of the
+steps its drafts saved (``none``'s later steps against those same means over the run's
+own schedule).
+
 Usage::
 
     python benchmarks/e2e.py --batch-sizes 32 --slices 0.01 [--phase-times] ... --out /tmp/e2e.json
-    python benchmarks/step_log.py /tmp/e2e.json [--batch 32] [--phases]
+    python benchmarks/step_log.py /tmp/e2e.json [--batch 32] [--phases | --account]
 """
 from __future__ import annotations
 
@@ -135,6 +143,66 @@ def phase_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _drafted(entry: list) -> bool:
+    """Whether a step-log entry (with phase times) verified any draft token."""
+    return bool(entry[3].get("draft_tokens"))
+
+
+def account(runs: list[dict], batch: int | None = None) -> list[dict]:
+    """One row per run whose step log has phase times and a ``none`` with a step log in its
+    group: where the run's cell time over ``none``'s went, as shares of ``none``'s cell
+    time (module docstring), ``first + undrafted + drafted - saved`` being the whole
+    difference. Step ``i >= 1`` of either log is priced at ``none``'s mean later step with
+    the same number of unfinished requests before it (the nearest such number ``none``
+    ran when it ran no step with as many).
+
+    Returns:
+        ``[{"round", "batch", "workload", "config", "cell_ratio" (tok/s over none's),
+        "first", "undrafted", "drafted", "saved" (shares, floats), "drafted_steps",
+        "draft_tokens" (ints)}]``.
+    """
+    rows = []
+    for r, base in _paired(runs, batch):
+        log, ref = r["step_log"], base["step_log"]
+        if len(ref) < 2 or not all(len(e) > 3 for e in log):
+            continue
+        seconds: dict[int, list[float]] = {}
+        for before, step in zip(ref, ref[1:]):
+            seconds.setdefault(before[2], []).append(step[0])
+        mean = {n: sum(v) / len(v) for n, v in seconds.items()}
+
+        def price(unfinished: int) -> float:
+            return mean[min(mean, key=lambda n: (abs(n - unfinished), n))]
+
+        total = sum(e[0] for e in ref)
+        parts = {"undrafted": 0.0, "drafted": 0.0}
+        for before, step in zip(log, log[1:]):
+            parts["drafted" if _drafted(step) else "undrafted"] += step[0] - price(before[2])
+        saved = (sum(e[0] for e in ref[1:])
+                 - sum(price(before[2]) for before in log[:-1]))
+        rows.append({
+            "round": r["round"], "batch": r["batch"], "workload": r["workload"],
+            "config": r["config"], "cell_ratio": r["tokens_per_s"] / base["tokens_per_s"],
+            "first": (log[0][0] - ref[0][0]) / total,
+            **{k: v / total for k, v in parts.items()}, "saved": saved / total,
+            "drafted_steps": sum(1 for e in log[1:] if _drafted(e)),
+            "draft_tokens": int(sum(e[3].get("draft_tokens", 0) for e in log[1:]))})
+    return rows
+
+
+def account_table(rows: list[dict]) -> str:
+    """Markdown: one line per row of :func:`account`, shares of ``none``'s cell time."""
+    lines = ["| round | batch | workload | config | tok/s × none | first step | undrafted "
+             "steps' excess | drafted steps' excess (steps, draft tokens) | steps saved |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["batch"], r["workload"], r["config"], r["round"])):
+        lines.append(f"| {r['round']} | {r['batch']} | {r['workload']} | {r['config']} | "
+                     f"{r['cell_ratio']:.3f} | {r['first']:+.2%} | {r['undrafted']:+.2%} | "
+                     f"{r['drafted']:+.2%} ({r['drafted_steps']}, {r['draft_tokens']}) | "
+                     f"{r['saved']:+.2%} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     """Markdown: one line per row of :func:`compare`, times as ratios to ``none``."""
     lines = ["| round | batch | workload | config | first step × none | aligned steps | "
@@ -152,11 +220,16 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path, nargs="+", help="e2e.py JSON files")
     ap.add_argument("--batch", type=int, help="only this batch size")
-    ap.add_argument("--phases", action="store_true",
-                    help="aligned steps' phases over none's (runs of e2e.py --phase-times)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--phases", action="store_true",
+                      help="aligned steps' phases over none's (runs of e2e.py --phase-times)")
+    mode.add_argument("--account", action="store_true",
+                      help="each cell's time over none's: first step, undrafted and drafted "
+                      "steps' excess, steps saved (runs of e2e.py --phase-times)")
     args = ap.parse_args(argv)
     pair, show, need = ((phase_deltas, phase_table, "--slices --phase-times") if args.phases
-                        else (compare, table, "--slices"))
+                        else (account, account_table, "--slices --phase-times")
+                        if args.account else (compare, table, "--slices"))
     rows = [row for path in args.results  # each file's runs paired among themselves
             for row in pair(json.loads(path.read_text())["runs"], args.batch)]
     if not rows:

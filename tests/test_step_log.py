@@ -96,3 +96,39 @@ def test_phases_split_undrafted_aligned_steps_into_model_and_the_rest(step_log, 
                                          _run("naive", NONE_LOG, 50.0)]}))
     assert step_log.main([str(path), "--phases"]) == 1
     assert "--phase-times" in capsys.readouterr().err
+
+
+def test_account_splits_a_cell_into_first_step_undrafted_drafted_and_saved(step_log,
+                                                                         tmp_path, capsys):
+    plain = _phased(0.09, 0.001, 0.002)
+    none = [[2.0, 32, 32, plain], [0.1, 32, 32, plain], [0.1, 32, 16, plain],
+            [0.08, 16, 0, plain]]  # later steps' means: 0.1 s at 32 unfinished, 0.08 at 16
+    suffix = [[2.1, 32, 32, plain], [0.11, 32, 32, plain],
+              [0.15, 48, 0, _phased(0.14, 0.001, 0.002, 0.001, drafts=16)]]
+    naive = [[2.0, 32, 32, plain], [0.1, 32, 20, plain],  # 20 unfinished: priced as 16
+             [0.09, 20, 0, plain]]
+    runs = [_run("none", none, 50.0), _run("suffix", suffix, 48.0),
+            _run("naive", naive, 51.0), _run("x", NONE_LOG, 50.0)]  # no phases: left out
+    rows = {r["config"]: r for r in step_log.account(runs)}
+    assert set(rows) == {"suffix", "naive"}
+    total = 2.28
+    s = rows["suffix"]
+    assert s["first"] == pytest.approx(0.1 / total)
+    assert s["undrafted"] == pytest.approx(0.01 / total)
+    assert s["drafted"] == pytest.approx(0.05 / total)  # 0.15 s against 0.1 s
+    assert s["saved"] == pytest.approx(0.08 / total)  # none's 0.28 s against 2 x 0.1 s
+    assert (s["drafted_steps"], s["draft_tokens"]) == (1, 16)
+    cell = sum(e[0] for e in suffix) - total  # the parts add up to the whole difference
+    assert s["first"] + s["undrafted"] + s["drafted"] - s["saved"] == pytest.approx(cell / total)
+    assert rows["naive"]["undrafted"] == pytest.approx(0.01 / total)  # 0.09 s against 0.08
+    assert rows["naive"]["cell_ratio"] == pytest.approx(1.02)
+    assert ("| 0 | 32 | open_chat | suffix | 0.960 | +4.39% | +0.44% | +2.19% (1, 16) | "
+            "+3.51% |") in step_log.account_table([s])
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps({"runs": runs}))
+    assert step_log.main([str(path), "--account"]) == 0
+    assert "| 0 | 32 | open_chat | naive | 1.020 |" in capsys.readouterr().out
+    path.write_text(json.dumps({"runs": [_run("none", NONE_LOG, 50.0),
+                                         _run("naive", NONE_LOG, 50.0)]}))
+    assert step_log.main([str(path), "--account"]) == 1
+    assert "--phase-times" in capsys.readouterr().err
