@@ -88,13 +88,20 @@ def test_phases_split_undrafted_aligned_steps_into_model_and_the_rest(step_log, 
     assert d["propose"] == pytest.approx(0.4) and d["sampling"] == pytest.approx(0.1)
     assert d["prepare inputs"] == pytest.approx(0.0)
     assert "| +3.00 | +2.00 | +1.00 | +0.00 | +0.10 | +0.40 | +1.00% |" in step_log.phase_table([row])
+    _check_phase_cli(step_log, tmp_path, capsys, runs, "--phases",
+                     "| 0 | 32 | open_chat | naive | 2 | 100.0 |")
+
+
+def _check_phase_cli(step_log, tmp_path, capsys, runs, flag, line):
+    """``step_log.py FILE flag`` prints ``line`` for ``runs`` and, for runs whose step
+    logs have no phase times, exits 1 asking for ``--phase-times``."""
     path = tmp_path / "e2e.json"
     path.write_text(json.dumps({"runs": runs}))
-    assert step_log.main([str(path), "--phases"]) == 0
-    assert "| 0 | 32 | open_chat | naive | 2 | 100.0 |" in capsys.readouterr().out
+    assert step_log.main([str(path), flag]) == 0
+    assert line in capsys.readouterr().out
     path.write_text(json.dumps({"runs": [_run("none", NONE_LOG, 50.0),
                                          _run("naive", NONE_LOG, 50.0)]}))
-    assert step_log.main([str(path), "--phases"]) == 1
+    assert step_log.main([str(path), flag]) == 1
     assert "--phase-times" in capsys.readouterr().err
 
 
@@ -124,11 +131,5 @@ def test_account_splits_a_cell_into_first_step_undrafted_drafted_and_saved(step_
     assert rows["naive"]["cell_ratio"] == pytest.approx(1.02)
     assert ("| 0 | 32 | open_chat | suffix | 0.960 | +4.39% | +0.44% | +2.19% (1, 16) | "
             "+3.51% |") in step_log.account_table([s])
-    path = tmp_path / "e2e.json"
-    path.write_text(json.dumps({"runs": runs}))
-    assert step_log.main([str(path), "--account"]) == 0
-    assert "| 0 | 32 | open_chat | naive | 1.020 |" in capsys.readouterr().out
-    path.write_text(json.dumps({"runs": [_run("none", NONE_LOG, 50.0),
-                                         _run("naive", NONE_LOG, 50.0)]}))
-    assert step_log.main([str(path), "--account"]) == 1
-    assert "--phase-times" in capsys.readouterr().err
+    _check_phase_cli(step_log, tmp_path, capsys, runs, "--account",
+                     "| 0 | 32 | open_chat | naive | 1.020 |")
