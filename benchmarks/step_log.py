@@ -106,6 +106,11 @@ PHASE_COLUMNS = (
 )
 
 
+def _drafted(entry: list) -> bool:
+    """Whether a step-log entry (with phase times) verified any draft token."""
+    return bool(entry[3].get("draft_tokens"))
+
+
 def phase_deltas(runs: list[dict], batch: int | None = None) -> list[dict]:
     """One row per run whose step log has phase times and a ``none`` with them in its
     group: ``aligned`` steps (:func:`aligned_steps` at which neither engine verified a
@@ -115,7 +120,7 @@ def phase_deltas(runs: list[dict], batch: int | None = None) -> list[dict]:
     for r, base in _paired(runs, batch):
         log, ref = r["step_log"], base["step_log"]
         same = [i for i in aligned_steps(log, ref) if len(log[i]) > 3 and len(ref[i]) > 3
-                and not log[i][3].get("draft_tokens") and not ref[i][3].get("draft_tokens")]
+                and not _drafted(log[i]) and not _drafted(ref[i])]
         if not same:
             continue
         rows.append({
@@ -141,11 +146,6 @@ def phase_table(rows: list[dict]) -> str:
                      + " | ".join(f"{d[n]:+.2f}" for n in names)
                      + f" | {d['rest of step'] / r['none_ms']:+.2%} |")
     return "\n".join(lines)
-
-
-def _drafted(entry: list) -> bool:
-    """Whether a step-log entry (with phase times) verified any draft token."""
-    return bool(entry[3].get("draft_tokens"))
 
 
 def account(runs: list[dict], batch: int | None = None) -> list[dict]:
@@ -227,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
                       help="each cell's time over none's: first step, undrafted and drafted "
                       "steps' excess, steps saved (runs of e2e.py --phase-times)")
     args = ap.parse_args(argv)
-    pair, show, need = ((phase_deltas, phase_table, "--slices --phase-times") if args.phases
-                        else (account, account_table, "--slices --phase-times")
-                        if args.account else (compare, table, "--slices"))
+    pair, show, need = (
+        (phase_deltas, phase_table, "--slices --phase-times") if args.phases else
+        (account, account_table, "--slices --phase-times") if args.account else
+        (compare, table, "--slices"))
     rows = [row for path in args.results  # each file's runs paired among themselves
             for row in pair(json.loads(path.read_text())["runs"], args.batch)]
     if not rows:
