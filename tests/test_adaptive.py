@@ -185,6 +185,16 @@ def test_a_proposer_that_finds_nothing_is_asked_every_step():
     assert [_step(c, "r", [1] * 8, 0.99, [2])[0] for _ in range(4)] == [True, True, True, False]
 
 
+def test_finding_nothing_neither_ends_nor_counts_towards_an_idle_run():
+    """A request whose drafts are withheld goes idle although the proposer finds nothing
+    every other step, and once it probes, a probe that finds nothing waits for the next."""
+    c = DraftLengthController(k=8, idle_steps=4, probe_every=4)
+    drafts = [[1] * 8, []] * 3 + [[1] * 8]  # withheld, nothing, withheld, ...
+    assert all(_step(c, "r", d, 0.99, [2])[0] for d in drafts)  # 4 withheld steps
+    asked = [_step(c, "r", [] if i % 8 == 0 else [1] * 8, 0.99, [2])[0] for i in range(12)]
+    assert [i for i, a in enumerate(asked) if a] == [0, 4, 8]
+
+
 def test_cost_model_follows_a_measured_step_time_curve():
     m = StepCostModel()
     rng = random.Random(0)

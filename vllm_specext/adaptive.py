@@ -218,8 +218,10 @@ class DraftLengthController:
         if not committed:
             return
         idle = self._idle.get(req_id, 0)
-        # idle: the proposer's drafts keep being withheld (not: it was asked, found nothing)
-        self._idle[req_id] = 0 if shown or (self._asks(idle) and not draft) else idle + 1
+        # idle: the proposer's drafts keep being withheld; a step in which it was asked and
+        # found nothing is not counted before the request probes (see proposes)
+        found_nothing = self._asks(idle) and not draft and idle < self.idle_steps
+        self._idle[req_id] = 0 if shown else idle if found_nothing else idle + 1
         scoring = self._scoring.pop(req_id, [])
         if draft:
             scoring.append((draft, kind, 0))
@@ -258,9 +260,12 @@ class DraftLengthController:
         """Whether to ask the proposer for ``req_id``'s draft this step: always until its
         drafts have been withheld (made but not shown) ``idle_steps`` decode steps in a
         row, then every ``probe_every``-th step (its shadow draft is scored and may be
-        shown). A step in which the proposer, asked, finds nothing, or a draft is shown,
-        ends the idle run: a proposer that just lost its match (e.g. an n-gram after an
-        edit) is asked every step, so the match is drafted as soon as it returns.
+        shown). A shown draft ends the idle run. A step in which the proposer, asked,
+        finds nothing does not count towards ``idle_steps``: a proposer that just lost
+        its match (e.g. an n-gram after an edit) is asked every step, so the match is
+        drafted as soon as it returns. Once the request probes, such a step counts like
+        a withheld one: at batch 32 on CPU, where suffix finds nothing for a few rows
+        each step, ending the run there had kept 20 of 32 rows asked per step.
         Drafting costs the proposer's time even when the draft is withheld: 0.1-0.5 ms
         per step at batch 8 on CPU, 0.5-2% of a step, in workloads where speculation
         does not pay."""
