@@ -218,10 +218,10 @@ class DraftLengthController:
         if not committed:
             return
         idle = self._idle.get(req_id, 0)
-        # idle: the proposer's drafts keep being withheld; a step in which it was asked and
-        # found nothing is not counted before the request probes (see proposes)
-        found_nothing = self._asks(idle) and not draft and idle < self.idle_steps
-        self._idle[req_id] = 0 if shown else idle if found_nothing else idle + 1
+        # idle: the proposer's drafts keep being withheld; before the request probes (when
+        # it is asked every step) a step that found nothing is not counted (see proposes)
+        uncounted = not draft and idle < self.idle_steps
+        self._idle[req_id] = 0 if shown else idle if uncounted else idle + 1
         scoring = self._scoring.pop(req_id, [])
         if draft:
             scoring.append((draft, kind, 0))
