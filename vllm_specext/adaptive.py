@@ -258,14 +258,14 @@ class DraftLengthController:
 
     def proposes(self, req_id: str) -> bool:
         """Whether to ask the proposer for ``req_id``'s draft this step: always until its
-        drafts have been withheld (made but not shown) ``idle_steps`` decode steps in a
-        row, then every ``probe_every``-th step (its shadow draft is scored and may be
+        drafts have been withheld (made but not shown) ``idle_steps`` decode steps with
+        no draft shown between them, then every ``probe_every``-th step (its shadow draft is scored and may be
         shown). A shown draft ends the idle run. A step in which the proposer, asked,
         finds nothing does not count towards ``idle_steps``: a proposer that just lost
         its match (e.g. an n-gram after an edit) is asked every step, so the match is
         drafted as soon as it returns. Once the request probes, such a step counts like
         a withheld one: at batch 32 on CPU, where suffix finds nothing for a few rows
-        each step, ending the run there had kept 20 of 32 rows asked per step.
+        each step, ending the run there had kept 17-21 of 32 rows asked per step.
         Drafting costs the proposer's time even when the draft is withheld: 0.1-0.5 ms
         per step at batch 8 on CPU, 0.5-2% of a step, in workloads where speculation
         does not pay."""
